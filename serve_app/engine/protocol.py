@@ -1,0 +1,99 @@
+"""What the serving layer needs from an engine, independent of vLLM.
+
+The replica deployment talks to an `Engine`; `vllm_engine.VLLMEngine` is the real one, and unit
+tests inject a scripted one. Everything that crosses a Ray hop here is a small slotted dataclass
+(cheap to pickle).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+
+class EngineDeadError(RuntimeError):
+    """The engine can no longer serve; the replica must be replaced."""
+
+
+class EngineRequestError(ValueError):
+    """The engine refused this request's parameters (a client error)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclass(slots=True)
+class StreamChunk:
+    """New output since the previous chunk of the same request.
+
+    `completion_tokens` is cumulative, so the last chunk carries the request's usage.
+    """
+
+    text: str
+    num_tokens: int
+    completion_tokens: int
+    prompt_tokens: int
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """Scheduler state of one engine as of its last step."""
+
+    waiting: int = 0
+    running: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_cache_hit_rate: float = 0.0
+    healthy: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaReport:
+    """What a replica publishes about itself on the pool state board."""
+
+    pool: str
+    replica_id: str
+    stats: EngineStats
+    max_model_len: int
+    reported_at: float
+    ttft_ms_recent: tuple[float, ...] = field(default=())
+    tpot_ms_recent: tuple[float, ...] = field(default=())
+
+
+class Engine(abc.ABC):
+    """An inference engine owned by one replica."""
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Load the model and become ready; raises if the engine cannot start."""
+
+    @abc.abstractmethod
+    def generate(self, request: GenerationRequest) -> AsyncIterator[StreamChunk]:
+        """Yield deltas until the request finishes; the last chunk has a finish_reason.
+
+        Cancelling the iteration (client gone) aborts the engine request. Raises
+        EngineRequestError for parameters the engine refuses and EngineDeadError when the
+        engine died.
+        """
+
+    @abc.abstractmethod
+    async def check_health(self) -> None:
+        """Raise EngineDeadError when the engine cannot serve."""
+
+    @abc.abstractmethod
+    def stats(self) -> EngineStats:
+        """The latest scheduler state; cheap, never blocks."""
+
+    @abc.abstractmethod
+    def shutdown(self) -> None:
+        """Stop the engine and its processes."""

