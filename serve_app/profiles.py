@@ -9,7 +9,7 @@ what that platform's attention kernels accept before any engine starts.
 from __future__ import annotations
 
 import os
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,7 +23,7 @@ class ProfileError(ValueError):
     """A profile file is missing, malformed, or asks for what the platform cannot do."""
 
 
-class Platform(str, Enum):
+class Platform(StrEnum):
     CPU = "cpu"
     CUDA = "cuda"
 
@@ -220,7 +220,7 @@ def load_profile(path: Path) -> EngineProfile:
 
 
 def profiles_dir(explicit: str | None = None) -> Path:
-    """Where profile names are looked up: the argument, $SERVE_APP_PROFILES_DIR, or the checkout's."""
+    """Profiles directory: the argument, else $SERVE_APP_PROFILES_DIR, else the checkout's."""
     chosen = explicit or os.environ.get(PROFILES_DIR_ENV)
     return Path(chosen).expanduser().resolve() if chosen else DEFAULT_PROFILES_DIR
 

@@ -1,0 +1,140 @@
+"""The Serve application: `import_path: serve_app.app:build_app` in serve_config.yaml.
+
+    Ingress ──> pool-<profile> (one deployment per profile, EngineReplica each)
+       └──────> pool-state (board the replicas report to and the ingress reads)
+
+Profiles are loaded, resolved for the platform and checked here, at deploy time, so a bad profile
+fails `serve deploy` with a message instead of a replica crash loop.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePath
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from ray import serve
+from ray.serve import Application
+
+from serve_app.constants import BUILTIN_PREFIX, DEFAULT_MAX_TOKENS
+from serve_app.engine.replica import EngineReplica
+from serve_app.ingress.api import Ingress, IngressConfig, PoolInfo
+from serve_app.pool_state import PoolStateBoard
+from serve_app.profiles import (
+    Platform,
+    ProfileError,
+    ResolvedProfile,
+    _format_validation_error,
+    detect_platform,
+    find_profile,
+    load_profile,
+    profiles_dir,
+)
+from serve_app.routing.config import RoutingConfig
+
+# LLM streams run for minutes: let a draining replica finish them before it is stopped.
+GRACEFUL_SHUTDOWN_TIMEOUT_S = 300.0
+
+
+class AppArgs(BaseModel):
+    """`args:` of the application in serve_config.yaml."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    profiles: list[str] = Field(min_length=1, description="Profile names or YAML paths.")
+    profiles_dir: str | None = Field(None, description="Where profile names are looked up.")
+    served_model_name: str | None = Field(None, description="Model id clients send.")
+    default_max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1, description="When none is given.")
+    routing: RoutingConfig = Field(default_factory=RoutingConfig, description="SLO routing.")
+
+    @model_validator(mode="after")
+    def _unique(self) -> AppArgs:
+        if len(set(self.profiles)) != len(self.profiles):
+            raise ValueError("profiles: each profile may appear once")
+        return self
+
+
+def _served_name(model: str) -> str:
+    if model.startswith(BUILTIN_PREFIX):
+        return model.removeprefix(BUILTIN_PREFIX)
+    return PurePath(model).name or model
+
+
+def _actor_options(profile: ResolvedProfile) -> dict[str, Any]:
+    if profile.platform is Platform.CUDA:
+        return {"num_gpus": 1, "num_cpus": 1}
+    threads = max(1, int(profile.pool.num_cpus))
+    # vLLM CPU binds OpenMP threads to cores itself ("auto"); several engines on one host would
+    # then pin to the same cores. Each replica instead runs as many threads as CPUs Ray gave it.
+    env = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(threads)}
+    return {"num_cpus": profile.pool.num_cpus, "runtime_env": {"env_vars": env}}
+
+
+def _pool_deployment(profile: ResolvedProfile, board: Application) -> Application:
+    pool = profile.pool
+    return (
+        serve.deployment(EngineReplica)
+        .options(
+            name=f"pool-{profile.name}",
+            max_ongoing_requests=pool.max_ongoing_requests,
+            autoscaling_config={
+                "min_replicas": pool.min_replicas,
+                "initial_replicas": max(pool.min_replicas, 1),
+                "max_replicas": pool.max_replicas,
+                "target_ongoing_requests": pool.target_ongoing_requests,
+                "upscale_delay_s": pool.upscale_delay_s,
+                "downscale_delay_s": pool.downscale_delay_s,
+            },
+            ray_actor_options=_actor_options(profile),
+            health_check_period_s=10,
+            health_check_timeout_s=30,
+            graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_TIMEOUT_S,
+        )
+        .bind(profile, board)
+    )
+
+
+def resolve_profiles(args: AppArgs, platform: Platform) -> list[ResolvedProfile]:
+    directory = profiles_dir(args.profiles_dir)
+    resolved = [load_profile(find_profile(n, directory)).resolve(platform) for n in args.profiles]
+    models = {p.model for p in resolved}
+    if len(models) > 1:
+        raise ProfileError(
+            f"all pools must serve the same model on {platform.value}; got {sorted(models)}"
+        )
+    unknown = set(args.routing.priors) - {p.name for p in resolved}
+    if unknown:
+        raise ProfileError(f"routing.priors names unknown pools: {sorted(unknown)}")
+    return resolved
+
+
+def build_app(raw_args: dict[str, Any]) -> Application:
+    """Build the application from serve_config.yaml's `args`; raises with a clear message."""
+    try:
+        args = AppArgs.model_validate(raw_args)
+    except ValidationError as e:
+        raise ProfileError(f"serve_config args: {_format_validation_error(e)}") from None
+    profiles = resolve_profiles(args, detect_platform())
+    names = [p.name for p in profiles]
+    board = (
+        serve.deployment(PoolStateBoard)
+        .options(name="pool-state", num_replicas=1, ray_actor_options={"num_cpus": 0})
+        .bind(names)
+    )
+    pools = {p.name: _pool_deployment(p, board) for p in profiles}
+    model = profiles[0].model
+    config = IngressConfig(
+        served_model_name=args.served_model_name or _served_name(model),
+        model=model,
+        pools={
+            p.name: PoolInfo(max_model_len=p.max_model_len, min_replicas=p.pool.min_replicas)
+            for p in profiles
+        },
+        routing=args.routing,
+        default_max_tokens=args.default_max_tokens,
+    )
+    return Ingress.options(
+        ray_actor_options={"num_cpus": 0},
+        max_ongoing_requests=1024,
+        graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_TIMEOUT_S,
+    ).bind(config, pools, board)

@@ -1,0 +1,144 @@
+"""`serve-app run`: a local Ray cluster on loopback, the app deployed from serve_config.yaml.
+
+The cluster belongs to this process: Ctrl-C (or SIGTERM) deletes the app and stops Ray. Deploying
+goes through `serve deploy`, exactly as on a real cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class LocalCluster:
+    dashboard_url: str
+    http_url: str
+
+
+def start_local_ray(
+    dashboard_port: int = 8265, metrics_port: int | None = None, num_cpus: int | None = None
+) -> str:
+    """Start Ray in this process, every service bound to loopback; returns the dashboard URL."""
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    kwargs: dict[str, Any] = {
+        "address": "local",
+        "_node_ip_address": LOOPBACK,
+        "include_dashboard": True,
+        "dashboard_host": LOOPBACK,
+        "dashboard_port": dashboard_port,
+        "num_cpus": num_cpus,
+        "log_to_driver": True,
+    }
+    if metrics_port is not None:
+        kwargs["_metrics_export_port"] = metrics_port
+    ray.init(**kwargs)
+    return f"http://{LOOPBACK}:{dashboard_port}"
+
+
+def serve_deploy(config: dict[str, Any], dashboard_url: str) -> None:
+    """`serve deploy` of a config dict (written to a temporary file) to the given cluster."""
+    serve_cli = Path(sys.executable).with_name("serve")
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        yaml.safe_dump(config, f)
+    try:
+        subprocess.run(
+            [str(serve_cli), "deploy", "--address", dashboard_url, f.name],
+            check=True,
+            env={**os.environ, "RAY_ADDRESS": dashboard_url},
+        )
+    finally:
+        os.unlink(f.name)
+
+
+def wait_ready(http_url: str, timeout_s: float, poll_s: float = 1.0) -> float:
+    """Poll /ready until 200; returns seconds waited. Raises TimeoutError with the last status."""
+    started = time.monotonic()
+    last = "no answer"
+    while time.monotonic() - started < timeout_s:
+        try:
+            r = httpx.get(f"{http_url}/ready", timeout=5)
+            if r.status_code == 200:
+                return time.monotonic() - started
+            last = f"{r.status_code} {r.text[:200]}"
+        except httpx.HTTPError as e:
+            last = type(e).__name__
+        time.sleep(poll_s)
+    raise TimeoutError(f"app not ready after {timeout_s:.0f} s (last: {last})")
+
+
+def http_url_of(config: dict[str, Any]) -> str:
+    opts = config.get("http_options", {})
+    return f"http://{opts.get('host', LOOPBACK)}:{opts.get('port', 8000)}"
+
+
+def _run(args: argparse.Namespace) -> int:
+    config = yaml.safe_load(Path(args.config).read_text())
+    if args.port:
+        config.setdefault("http_options", {})["port"] = args.port
+    started = time.monotonic()
+    dashboard = start_local_ray(dashboard_port=args.dashboard_port)
+    http_url = http_url_of(config)
+    try:
+        serve_deploy(config, dashboard)
+        waited = wait_ready(http_url, args.ready_timeout_s)
+        print(
+            f"\nserve-app ready at {http_url} ({time.monotonic() - started:.1f} s after start, "
+            f"{waited:.1f} s of it loading engines)\n"
+            f"  Ray dashboard: {dashboard}  (Serve tab: the app, its deployments and replicas)\n"
+            f"  try: curl -s {http_url}/v1/completions -H 'content-type: application/json' "
+            '-d \'{"prompt": "Hello", "max_tokens": 16}\'\n'
+            "Ctrl-C stops the app and Ray.",
+            flush=True,
+        )
+        stop = False
+
+        def _stop(*_: object) -> None:
+            nonlocal stop
+            stop = True
+
+        signal.signal(signal.SIGTERM, _stop)
+        while not stop:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        import ray
+        from ray import serve
+
+        serve.shutdown()
+        ray.shutdown()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="serve-app", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="start Ray on loopback and serve the app until Ctrl-C")
+    run.add_argument("config", nargs="?", default="serve_config.yaml")
+    run.add_argument("--port", type=int, help="HTTP port (overrides the config)")
+    run.add_argument("--dashboard-port", type=int, default=8265)
+    run.add_argument("--ready-timeout-s", type=float, default=600)
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        return _run(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

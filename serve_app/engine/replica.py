@@ -1,0 +1,116 @@
+"""The engine replica: a Serve deployment that owns one engine (one GPU, or a few CPU cores).
+
+It streams generation, reports its scheduler state to the pool state board a few times a second,
+and fails Serve's health check when its engine is dead so Serve replaces it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from serve_app.constants import ENGINE_START_TIMEOUT_S, STATS_PERIOD_S
+from serve_app.engine.protocol import (
+    Engine,
+    EngineStats,
+    GenerationRequest,
+    ReplicaReport,
+    StreamChunk,
+)
+from serve_app.profiles import ResolvedProfile
+
+logger = logging.getLogger("ray.serve")
+
+EngineFactory = Callable[[ResolvedProfile], Engine]
+_RECENT = 64  # latencies kept per replica for the pool snapshot
+
+
+def _vllm_engine(profile: ResolvedProfile) -> Engine:
+    from serve_app.engine.vllm_engine import VLLMEngine  # vLLM imports only where engines run
+
+    return VLLMEngine(profile)
+
+
+class EngineReplica:
+    """One engine replica of a pool. Serve deployment options are set by `app.build_app`."""
+
+    async def __init__(  # type: ignore[misc]
+        self,
+        profile: ResolvedProfile,
+        board: DeploymentHandle | None = None,
+        engine_factory: EngineFactory = _vllm_engine,
+    ) -> None:
+        self._profile = profile
+        self._board = board
+        self._engine = engine_factory(profile)
+        self._ttft_ms: deque[float] = deque(maxlen=_RECENT)
+        self._tpot_ms: deque[float] = deque(maxlen=_RECENT)
+        try:
+            self._replica_id = serve.get_replica_context().replica_id.unique_id
+        except Exception:  # outside Serve (unit tests)
+            self._replica_id = "local"
+        started = time.monotonic()
+        await asyncio.wait_for(self._engine.start(), ENGINE_START_TIMEOUT_S)
+        logger.info(
+            "pool %s: engine ready in %.1f s (model %s)",
+            profile.name,
+            time.monotonic() - started,
+            profile.model,
+        )
+        self._reporter = asyncio.get_running_loop().create_task(self._report_forever())
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[StreamChunk]:
+        """Stream the request's output; cancellation (caller gone) aborts it in the engine."""
+        started = time.perf_counter()
+        first_at: float | None = None
+        last: StreamChunk | None = None
+        async for chunk in self._engine.generate(request):
+            if first_at is None and chunk.num_tokens:
+                first_at = time.perf_counter()
+                self._ttft_ms.append((first_at - started) * 1e3)
+            last = chunk
+            yield chunk
+        if first_at is not None and last is not None and last.completion_tokens > 1:
+            decode_s = time.perf_counter() - first_at
+            self._tpot_ms.append(decode_s * 1e3 / (last.completion_tokens - 1))
+
+    async def stats(self) -> EngineStats:
+        return self._engine.stats()
+
+    async def check_health(self) -> None:
+        await self._engine.check_health()
+
+    def report(self) -> ReplicaReport:
+        return ReplicaReport(
+            pool=self._profile.name,
+            replica_id=self._replica_id,
+            stats=self._engine.stats(),
+            max_model_len=self._profile.max_model_len,
+            reported_at=time.time(),
+            ttft_ms_recent=tuple(self._ttft_ms),
+            tpot_ms_recent=tuple(self._tpot_ms),
+        )
+
+    async def _report_forever(self) -> None:
+        if self._board is None:
+            return
+        while True:
+            try:
+                await self._board.report.remote(self.report())
+            except Exception:  # the board restarts with the app; keep serving meanwhile
+                logger.warning("pool %s: stats report failed", self._profile.name, exc_info=True)
+            await asyncio.sleep(STATS_PERIOD_S)
+
+    def __del__(self) -> None:
+        # Serve's documented shutdown hook: it calls __del__ explicitly when the replica stops.
+        with contextlib.suppress(Exception):
+            self._reporter.cancel()
+        with contextlib.suppress(Exception):
+            self._engine.shutdown()

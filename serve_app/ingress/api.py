@@ -1,0 +1,339 @@
+"""The ingress: OpenAI-compatible HTTP API in a Serve deployment, routing each request by SLO.
+
+Per request: parse and check the body, render the prompt to tokens, read the SLO headers, ask the
+router for a pool (or a refusal), then stream the pool's deltas back as SSE or one JSON body.
+Every routed response carries `x-serve-pool` and `x-route-reason`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict
+from ray import serve
+from ray.exceptions import RayActorError
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+
+from serve_app.constants import READY_RETRY_AFTER_S, STATS_PERIOD_S
+from serve_app.engine.protocol import (
+    EngineDeadError,
+    EngineRequestError,
+    GenerationRequest,
+    StreamChunk,
+)
+from serve_app.ingress import openai_format as fmt
+from serve_app.ingress.errors import (
+    BadRequest,
+    EngineFailure,
+    ModelNotFound,
+    ServeError,
+    ServiceUnavailable,
+    SLOUnmeetable,
+    error_response,
+)
+from serve_app.ingress.prompts import PromptRenderer
+from serve_app.ingress.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
+from serve_app.routing.config import RoutingConfig
+from serve_app.routing.policy import Reject, RequestFeatures, RouteTo
+from serve_app.routing.router import Load, Router
+from serve_app.routing.slo import SLOHeaderError, parse_slo
+
+logger = logging.getLogger("ray.serve")
+
+
+class PoolInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_model_len: int
+    min_replicas: int
+
+
+class IngressConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    served_model_name: str
+    model: str  # what the engines load; the tokenizer comes from it
+    pools: dict[str, PoolInfo]
+    routing: RoutingConfig
+    default_max_tokens: int
+
+
+app = FastAPI(title="serve-app", description="SLO-aware OpenAI-compatible LLM endpoint")
+
+
+@app.exception_handler(ServeError)
+async def _serve_error(_: Request, err: ServeError) -> JSONResponse:
+    return error_response(err)
+
+
+@app.exception_handler(RequestValidationError)
+async def _validation_error(_: Request, err: RequestValidationError) -> JSONResponse:
+    first = err.errors()[0] if err.errors() else {"loc": (), "msg": "invalid request"}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = loc[0] if loc else None
+    where = ".".join(loc) or "body"
+    return error_response(BadRequest(f"{where}: {first.get('msg', 'invalid')}", param=param))
+
+
+@dataclass(slots=True)
+class _Routed:
+    request_id: str
+    pool: str
+    reason: str
+    load: Load
+    prompt_tokens: int
+    started: float
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {
+            "x-serve-pool": self.pool,
+            "x-route-reason": self.reason,
+            "x-request-id": self.request_id,
+        }
+
+
+def _reject_error(decision: Reject) -> ServeError:
+    if decision.status == 400:
+        return BadRequest(decision.message, param=decision.param, code=decision.reason.value)
+    if decision.status == 429:
+        return SLOUnmeetable(
+            decision.message, code=decision.reason.value, retry_after_s=decision.retry_after_s
+        )
+    return ServiceUnavailable(
+        decision.message, code=decision.reason.value, retry_after_s=decision.retry_after_s
+    )
+
+
+def _engine_error(e: BaseException) -> ServeError:
+    """Map what a pool call raised (through Ray) to the taxonomy; each kind has its own status."""
+    if isinstance(e, EngineRequestError):
+        return BadRequest(str(e.args[0] if e.args else e))
+    if isinstance(e, EngineDeadError | RayActorError):
+        return ServiceUnavailable("the engine replica serving this request failed", retry_after_s=1)
+    return EngineFailure("the engine failed to generate")
+
+
+@serve.deployment
+@serve.ingress(app)
+class Ingress:
+    async def __init__(  # type: ignore[misc]
+        self, config: IngressConfig, pools: dict[str, DeploymentHandle], board: DeploymentHandle
+    ) -> None:
+        self._config = config
+        self._pools = pools
+        self._board = board
+        self._renderer = await asyncio.to_thread(PromptRenderer, config.model)
+        self._router = Router(
+            {name: p.max_model_len for name, p in config.pools.items()}, config.routing
+        )
+        self._refresher = asyncio.get_running_loop().create_task(self._refresh_forever())
+
+    async def _refresh_forever(self) -> None:
+        while True:
+            try:
+                self._router.update(await self._board.snapshot.remote())
+            except Exception:
+                logger.warning("pool state refresh failed", exc_info=True)
+            await asyncio.sleep(STATS_PERIOD_S)
+
+    # --- probes and metadata -------------------------------------------------------------
+
+    @app.get("/health")
+    async def health(self) -> dict[str, str]:
+        """Liveness: the ingress is up (engines may still be loading)."""
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready(self) -> JSONResponse:
+        """Readiness: every pool that keeps replicas has at least one live engine."""
+        snaps = self._router.snapshots
+        loading = [
+            name
+            for name, info in self._config.pools.items()
+            if info.min_replicas > 0 and not snaps[name].ready
+        ]
+        pools = {name: s.replicas for name, s in snaps.items()}
+        if loading:
+            return JSONResponse(
+                {"status": "loading", "pools_not_ready": loading, "replicas": pools},
+                status_code=503,
+                headers={"Retry-After": str(READY_RETRY_AFTER_S)},
+            )
+        return JSONResponse({"status": "ready", "replicas": pools})
+
+    @app.get("/v1/models")
+    async def models(self) -> dict[str, object]:
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": self._config.served_model_name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "serve-app",
+                    "max_model_len": max(p.max_model_len for p in self._config.pools.values()),
+                }
+            ],
+        }
+
+    # --- generation ----------------------------------------------------------------------
+
+    @app.post("/v1/completions")
+    async def completions(self, body: CompletionRequest, request: Request) -> Response:
+        self._check_model(body.model)
+        ids = self._renderer.completion_ids(body.prompt)
+        return await self._generate(fmt.Kind.COMPLETION, body, ids, body.max_tokens, request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Response:
+        self._check_model(body.model)
+        ids = self._renderer.chat_ids(body.messages)
+        return await self._generate(fmt.Kind.CHAT, body, ids, body.requested_max_tokens(), request)
+
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model != self._config.served_model_name:
+            raise ModelNotFound(
+                f"model '{model[:100]}' is not served here; "
+                f"this endpoint serves '{self._config.served_model_name}'",
+                param="model",
+                code="model_not_found",
+            )
+
+    def _route(self, ids: list[int], max_tokens: int, request: Request) -> _Routed:
+        try:
+            slo = parse_slo(request.headers, self._config.routing)
+        except SLOHeaderError as e:
+            raise BadRequest(str(e), param=e.header) from None
+        features = RequestFeatures(prompt_tokens=len(ids), max_tokens=max_tokens)
+        decision = self._router.decide(features, slo, time.time())
+        if not isinstance(decision, RouteTo):
+            raise _reject_error(decision)
+        return _Routed(
+            request_id=f"cmpl-{uuid.uuid4().hex}",
+            pool=decision.pool,
+            reason=decision.reason.value,
+            load=self._router.load_of(decision.pool),
+            prompt_tokens=len(ids),
+            started=time.perf_counter(),
+        )
+
+    async def _generate(
+        self,
+        kind: fmt.Kind,
+        body: _SamplingFields,
+        ids: list[int],
+        max_tokens: int | None,
+        request: Request,
+    ) -> Response:
+        routed = self._route(ids, max_tokens or self._config.default_max_tokens, request)
+        gen = GenerationRequest(
+            request_id=routed.request_id,
+            prompt_token_ids=ids,
+            max_tokens=max_tokens or self._config.default_max_tokens,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            seed=body.seed,
+            stop=body.stop_sequences(),
+            ignore_eos=body.ignore_eos,
+        )
+        self._router.dispatched(routed.pool)
+        stream: DeploymentResponseGenerator = (
+            self._pools[routed.pool].options(stream=True).generate.remote(gen)
+        )
+        chunks = self._track(routed, stream)
+        try:
+            # Wait for the first chunk before answering, so that a refusal by the engine
+            # still gets its own status code rather than a 200 with an error event.
+            first = await anext(chunks)
+        except StopAsyncIteration:
+            raise EngineFailure("the engine returned no output") from None
+        except ServeError:
+            raise
+        except Exception as e:
+            raise _engine_error(e) from None
+        model = body.model or self._config.served_model_name
+        created = int(time.time())
+        if body.stream:
+            events = self._sse(kind, routed, model, created, first, chunks, body.include_usage)
+            return StreamingResponse(events, media_type="text/event-stream", headers=routed.headers)
+        text = [first.text]
+        last = first
+        async for chunk in chunks:
+            text.append(chunk.text)
+            last = chunk
+        payload = fmt.full_response(
+            kind,
+            routed.request_id,
+            created,
+            model,
+            "".join(text),
+            last.finish_reason,
+            last.prompt_tokens,
+            last.completion_tokens,
+        )
+        return JSONResponse(payload, headers=routed.headers)
+
+    async def _track(
+        self, routed: _Routed, stream: DeploymentResponseGenerator
+    ) -> AsyncIterator[StreamChunk]:
+        """The pool's chunks, with local load accounting and latency learning around them."""
+        first_at: float | None = None
+        last: StreamChunk | None = None
+        try:
+            async for chunk in stream:
+                if first_at is None:
+                    first_at = time.perf_counter()
+                    self._router.first_token(routed.pool)
+                last = chunk
+                yield chunk
+        finally:
+            if last is None or last.finish_reason is None:
+                stream.cancel()  # the client went away or we failed: abort the engine request
+            self._router.finished(routed.pool, got_first_token=first_at is not None)
+            if first_at is not None and last is not None and last.finish_reason is not None:
+                ttft_ms = (first_at - routed.started) * 1e3
+                tpot_ms = None
+                if last.completion_tokens > 1:
+                    decode_s = time.perf_counter() - first_at
+                    tpot_ms = decode_s * 1e3 / (last.completion_tokens - 1)
+                self._router.learn(routed.pool, routed.prompt_tokens, routed.load, ttft_ms, tpot_ms)
+
+    async def _sse(
+        self,
+        kind: fmt.Kind,
+        routed: _Routed,
+        model: str,
+        created: int,
+        first: StreamChunk,
+        rest: AsyncIterator[StreamChunk],
+        include_usage: bool,
+    ) -> AsyncIterator[bytes]:
+        rid = routed.request_id
+        yield fmt.chunk_event(kind, rid, created, model, first.text, first.finish_reason, True)
+        last = first
+        try:
+            async for chunk in rest:
+                last = chunk
+                yield fmt.chunk_event(
+                    kind, rid, created, model, chunk.text, chunk.finish_reason, False
+                )
+        except Exception as e:
+            # Headers are sent: the error travels as an event, then the stream ends.
+            err = e if isinstance(e, ServeError) else _engine_error(e)
+            logger.warning("request %s failed mid-stream: %s", rid, type(e).__name__)
+            yield fmt.sse({"error": {"message": err.message, "type": err.error_type}})
+            return
+        if include_usage:
+            yield fmt.usage_event(
+                kind, rid, created, model, last.prompt_tokens, last.completion_tokens
+            )
+        yield fmt.DONE

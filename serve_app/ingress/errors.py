@@ -1,0 +1,85 @@
+"""One error taxonomy, mapped to HTTP status and OpenAI-shaped bodies in one function.
+
+Bodies are bounded: messages are cut to a few hundred characters, never echo long input, and
+never carry paths or tracebacks.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+_MAX_MESSAGE_CHARS = 300
+
+
+class ServeError(Exception):
+    """Base of every error the API returns on purpose."""
+
+    status_code = 500
+    error_type = "internal_server_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+        self.retry_after_s = retry_after_s
+
+
+class BadRequest(ServeError):
+    status_code = 400
+    error_type = "invalid_request_error"
+
+
+class ModelNotFound(ServeError):
+    status_code = 404
+    error_type = "not_found_error"
+
+
+class SLOUnmeetable(ServeError):
+    """No pool can meet the request's latency objective now; retry later or ask best effort."""
+
+    status_code = 429
+    error_type = "rate_limit_error"
+
+
+class ServiceUnavailable(ServeError):
+    """No replica can take the request now (engines loading, pool empty, engine dead)."""
+
+    status_code = 503
+    error_type = "service_unavailable"
+
+
+class EngineFailure(ServeError):
+    status_code = 500
+    error_type = "internal_server_error"
+
+
+def error_body(err: ServeError) -> dict[str, Any]:
+    message = err.message
+    if len(message) > _MAX_MESSAGE_CHARS:
+        message = message[: _MAX_MESSAGE_CHARS - 3] + "..."
+    return {
+        "error": {
+            "message": message,
+            "type": err.error_type,
+            "param": err.param,
+            "code": err.code,
+        }
+    }
+
+
+def error_response(err: ServeError, headers: dict[str, str] | None = None) -> JSONResponse:
+    all_headers = dict(headers or {})
+    if err.retry_after_s is not None:
+        all_headers["Retry-After"] = str(max(1, math.ceil(err.retry_after_s)))
+    return JSONResponse(error_body(err), status_code=err.status_code, headers=all_headers)

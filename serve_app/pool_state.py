@@ -1,0 +1,87 @@
+"""Pool state: what every pool's replicas report, aggregated into one snapshot per pool.
+
+Replicas push a `ReplicaReport` to the board a few times a second; the ingress pulls the whole
+board as often, in the background, so routing reads a local copy and never waits on it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from serve_app.constants import STATS_STALE_AFTER_S
+from serve_app.engine.protocol import ReplicaReport
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSnapshot:
+    """A pool's state as the router sees it: sums and means over its live replicas."""
+
+    pool: str
+    replicas: int = 0
+    waiting: int = 0
+    running: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_cache_hit_rate: float = 0.0
+    ttft_ms_recent_p50: float | None = None
+    tpot_ms_recent_p50: float | None = None
+    updated_at: float = 0.0
+
+    @property
+    def ready(self) -> bool:
+        return self.replicas > 0
+
+
+def _p50(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def aggregate(
+    pools: Iterable[str], reports: Iterable[ReplicaReport], now: float
+) -> dict[str, PoolSnapshot]:
+    """One snapshot per pool from the latest report of each replica.
+
+    Reports older than STATS_STALE_AFTER_S, or from an unhealthy engine, are left out: that
+    replica is gone or dying, and counting it would route work to it.
+    """
+    live: dict[str, list[ReplicaReport]] = {p: [] for p in pools}
+    for r in reports:
+        if r.pool in live and r.stats.healthy and now - r.reported_at <= STATS_STALE_AFTER_S:
+            live[r.pool].append(r)
+    out = {}
+    for pool, rs in live.items():
+        n = len(rs)
+        out[pool] = PoolSnapshot(
+            pool=pool,
+            replicas=n,
+            waiting=sum(r.stats.waiting for r in rs),
+            running=sum(r.stats.running for r in rs),
+            kv_cache_usage=sum(r.stats.kv_cache_usage for r in rs) / n if n else 0.0,
+            prefix_cache_hit_rate=(
+                sum(r.stats.prefix_cache_hit_rate for r in rs) / n if n else 0.0
+            ),
+            ttft_ms_recent_p50=_p50([v for r in rs for v in r.ttft_ms_recent]),
+            tpot_ms_recent_p50=_p50([v for r in rs for v in r.tpot_ms_recent]),
+            updated_at=max((r.reported_at for r in rs), default=0.0),
+        )
+    return out
+
+
+class PoolStateBoard:
+    """Latest report per replica. A Serve deployment with one replica and no CPU reservation."""
+
+    def __init__(self, pools: list[str]) -> None:
+        self._pools = list(pools)
+        self._reports: dict[str, ReplicaReport] = {}
+
+    def report(self, report: ReplicaReport) -> None:
+        self._reports[report.replica_id] = report
+        # Forget replicas long gone so the board does not grow across scale-downs.
+        cutoff = report.reported_at - 10 * STATS_STALE_AFTER_S
+        for rid in [k for k, r in self._reports.items() if r.reported_at < cutoff]:
+            del self._reports[rid]
+
+    def snapshot(self) -> Mapping[str, PoolSnapshot]:
+        return aggregate(self._pools, self._reports.values(), time.time())

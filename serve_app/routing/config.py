@@ -1,0 +1,77 @@
+"""Routing configuration (serve_config.yaml `args.routing`): SLO classes, thresholds, priors."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class SLOClass(BaseModel):
+    """Default latency targets of a named class of traffic."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ttft_ms: float | None = Field(None, gt=0, description="Time-to-first-token target.")
+    tpot_ms: float | None = Field(None, gt=0, description="Time-per-output-token target.")
+
+
+class LatencyPrior(BaseModel):
+    """Starting coefficients of a pool's latency model (see routing/estimator.py).
+
+    The estimator scales them by factors learned from measured latencies, so rough values do.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ttft_base_ms: float = Field(20.0, ge=0, description="TTFT of a short prompt on an idle pool.")
+    ttft_ms_per_prompt_token: float = Field(0.05, ge=0, description="Prefill cost per token.")
+    ttft_ms_per_waiting_request: float = Field(
+        40.0, ge=0, description="Added TTFT per request queued ahead, per replica."
+    )
+    tpot_base_ms: float = Field(5.0, ge=0, description="TPOT on an idle pool.")
+    tpot_ms_per_running_request: float = Field(
+        0.5, ge=0, description="Added TPOT per request decoding in the same batch."
+    )
+
+
+def _default_classes() -> dict[str, SLOClass]:
+    return {
+        "interactive": SLOClass(ttft_ms=500, tpot_ms=50),
+        "standard": SLOClass(ttft_ms=2000, tpot_ms=100),
+        "batch": SLOClass(),
+    }
+
+
+class RoutingConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    classes: dict[str, SLOClass] = Field(
+        default_factory=_default_classes, description="SLO classes by name."
+    )
+    default_class: str = Field("standard", description="Class of requests that name no SLO.")
+    fit_margin: float = Field(
+        0.8,
+        gt=0,
+        le=1,
+        description="A pool 'fits' when its predicted latency is at most this share of the target.",
+    )
+    max_waiting_per_replica: float = Field(
+        16, gt=0, description="A pool with more queued requests per replica is saturated."
+    )
+    learning_rate: float = Field(
+        0.2, gt=0, le=1, description="EWMA weight of each measured latency in the model's factors."
+    )
+    priors: dict[str, LatencyPrior] = Field(
+        default_factory=dict, description="Latency model priors by pool; default for the rest."
+    )
+
+    @model_validator(mode="after")
+    def _default_class_exists(self) -> RoutingConfig:
+        if self.default_class not in self.classes:
+            raise ValueError(
+                f"default_class '{self.default_class}' is not one of the classes "
+                f"({', '.join(self.classes)})"
+            )
+        return self
+
+    def prior(self, pool: str) -> LatencyPrior:
+        return self.priors.get(pool, LatencyPrior())

@@ -1,0 +1,187 @@
+"""The routing policy: a pure function of request features, SLO, pool views and the clock.
+
+    decide(features, slo, pools, config, now) -> RouteTo | Reject
+
+1. Pools whose max_model_len cannot hold prompt + max_tokens are out; if none is left the request
+   is a client error (400, param `input_tokens` when the prompt alone is too long, else
+   `max_tokens`).
+2. Pools with no live replica (or a stale view) are out; none left: 503 with Retry-After.
+3. Each pool's TTFT and TPOT are predicted from its load (routing/estimator.py). A request's
+   *ratio* on a pool is its worst predicted/target latency (0 when it names no targets).
+4. A pool is *saturated* when its queue per replica reaches `max_waiting_per_replica`.
+5. Score, among unsaturated pools: **best fit**. Of the pools whose ratio is at most `fit_margin`,
+   take the one with the highest ratio: the request gets the slowest pool that still meets its
+   SLO with margin, which keeps fast pools free for the requests that need them. If the best fit
+   over all pools was saturated, the reason is `spillover`. Pools that meet the SLO only without
+   margin come next (lowest ratio first). Requests without targets go to the pool predicted to
+   finish them soonest.
+6. No pool meets the SLO: reject 429 with Retry-After (the time the best pool's queue needs to
+   drain below the target), unless the request asked for best effort: then the lowest ratio wins.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+
+from serve_app.constants import STATS_STALE_AFTER_S
+from serve_app.routing.config import RoutingConfig
+from serve_app.routing.estimator import LatencyModel, Prediction
+from serve_app.routing.slo import SLO
+
+
+class RouteReason(StrEnum):
+    SLO_FIT = "slo-fit"
+    SLO_TIGHT = "slo-tight"
+    SPILLOVER = "spillover"
+    BEST_EFFORT = "best-effort"
+    FASTEST = "fastest"  # no latency target: soonest predicted completion
+
+
+class RejectReason(StrEnum):
+    PROMPT_TOO_LONG = "prompt-too-long"
+    MAX_TOKENS_TOO_LARGE = "max-tokens-too-large"
+    NO_REPLICA = "no-replica"
+    SATURATED = "saturated"
+    SLO_UNMEETABLE = "slo-unmeetable"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFeatures:
+    prompt_tokens: int
+    max_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class PoolView:
+    """What the policy knows of one pool (per-pool sums; divided per replica here)."""
+
+    name: str
+    max_model_len: int
+    replicas: int
+    waiting: int
+    running: int
+    model: LatencyModel
+    updated_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class RouteTo:
+    pool: str
+    reason: RouteReason
+    predicted: Prediction
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    status: int
+    reason: RejectReason
+    message: str
+    retry_after_s: float | None = None
+    param: str | None = None
+
+
+Decision = RouteTo | Reject
+
+
+def _per_replica(pool: PoolView) -> tuple[float, float]:
+    r = max(pool.replicas, 1)
+    return pool.waiting / r, pool.running / r
+
+
+def predict(pool: PoolView, features: RequestFeatures) -> Prediction:
+    waiting, running = _per_replica(pool)
+    return pool.model.predict(features.prompt_tokens, waiting, running)
+
+
+def slo_ratio(pred: Prediction, slo: SLO) -> float:
+    """Worst predicted/target latency over the targets the SLO sets (0 when it sets none)."""
+    ratios = [0.0]
+    if slo.ttft_ms:
+        ratios.append(pred.ttft_ms / slo.ttft_ms)
+    if slo.tpot_ms:
+        ratios.append(pred.tpot_ms / slo.tpot_ms)
+    return max(ratios)
+
+
+def _length_reject(features: RequestFeatures, pools: list[PoolView]) -> Reject:
+    longest = max((p.max_model_len for p in pools), default=0)
+    if features.prompt_tokens >= longest:
+        return Reject(
+            400,
+            RejectReason.PROMPT_TOO_LONG,
+            f"prompt has {features.prompt_tokens} tokens; the longest context served is {longest}",
+            param="input_tokens",
+        )
+    return Reject(
+        400,
+        RejectReason.MAX_TOKENS_TOO_LARGE,
+        f"prompt ({features.prompt_tokens} tokens) + max_tokens ({features.max_tokens}) exceeds "
+        f"the longest context served ({longest}); lower max_tokens to at most "
+        f"{longest - features.prompt_tokens}",
+        param="max_tokens",
+    )
+
+
+def _retry_after_s(pool: PoolView, pred: Prediction, slo: SLO, config: RoutingConfig) -> float:
+    """Time for the pool's queue to shrink until the TTFT target could be met."""
+    waiting, _ = _per_replica(pool)
+    per_request_ms = pool.model.prior.ttft_ms_per_waiting_request * pool.model.ttft_factor
+    excess_ms = pred.ttft_ms - (slo.ttft_ms or pred.ttft_ms)
+    drain_ms = max(excess_ms, (waiting - config.max_waiting_per_replica + 1) * per_request_ms)
+    return max(1.0, math.ceil(drain_ms / 1000.0))
+
+
+def decide(
+    features: RequestFeatures,
+    slo: SLO,
+    pools: list[PoolView],
+    config: RoutingConfig,
+    now: float,
+) -> Decision:
+    need = features.prompt_tokens + features.max_tokens
+    long_enough = [p for p in pools if p.max_model_len >= need]
+    if not long_enough:
+        return _length_reject(features, pools)
+    live = [p for p in long_enough if p.replicas > 0 and now - p.updated_at <= STATS_STALE_AFTER_S]
+    if not live:
+        return Reject(503, RejectReason.NO_REPLICA, "no replica is ready to serve this request", 5)
+
+    scored = [(p, predict(p, features)) for p in live]
+    ratios = {p.name: slo_ratio(pred, slo) for p, pred in scored}
+    open_ = [(p, pred) for p, pred in scored if _per_replica(p)[0] < config.max_waiting_per_replica]
+
+    if slo.ttft_ms is None and slo.tpot_ms is None:
+        if open_:
+            p, pred = min(open_, key=lambda pp: pp[1].ttft_ms + pp[1].tpot_ms * features.max_tokens)
+            return RouteTo(p.name, RouteReason.FASTEST, pred)
+    else:
+        fits = [(p, pred) for p, pred in open_ if ratios[p.name] <= config.fit_margin]
+        if fits:
+            p, pred = max(fits, key=lambda pp: ratios[pp[0].name])
+            best_overall = max(
+                (q for q, _ in scored if ratios[q.name] <= config.fit_margin),
+                key=lambda q: ratios[q.name],
+            )
+            reason = RouteReason.SPILLOVER if best_overall.name != p.name else RouteReason.SLO_FIT
+            return RouteTo(p.name, reason, pred)
+        meets = [(p, pred) for p, pred in open_ if ratios[p.name] <= 1.0]
+        if meets:
+            p, pred = min(meets, key=lambda pp: ratios[pp[0].name])
+            return RouteTo(p.name, RouteReason.SLO_TIGHT, pred)
+        if open_ and slo.best_effort:
+            p, pred = min(open_, key=lambda pp: ratios[pp[0].name])
+            return RouteTo(p.name, RouteReason.BEST_EFFORT, pred)
+
+    best, best_pred = min(scored, key=lambda pp: ratios[pp[0].name])
+    retry = _retry_after_s(best, best_pred, slo, config)
+    if not open_:
+        return Reject(429, RejectReason.SATURATED, "every pool that fits is saturated", retry)
+    return Reject(
+        429,
+        RejectReason.SLO_UNMEETABLE,
+        f"no pool is predicted to meet the SLO (best: {best.name}, predicted TTFT "
+        f"{best_pred.ttft_ms:.0f} ms, TPOT {best_pred.tpot_ms:.1f} ms)",
+        retry,
+    )

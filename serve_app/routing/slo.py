@@ -1,0 +1,71 @@
+"""Latency objectives from request headers.
+
+`x-slo-ttft-ms` / `x-slo-tpot-ms` (llm-d's `x-llm-d-slo-ttft-ms` / `x-llm-d-slo-tpot-ms` too) set
+targets in milliseconds; `x-slo-class` names a class whose targets fill in the rest; with neither,
+the configured default class applies. `x-slo-policy: best-effort` asks to be served even when no
+pool is predicted to meet the targets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from serve_app.routing.config import RoutingConfig
+
+TTFT_HEADERS = ("x-slo-ttft-ms", "x-llm-d-slo-ttft-ms")
+TPOT_HEADERS = ("x-slo-tpot-ms", "x-llm-d-slo-tpot-ms")
+CLASS_HEADER = "x-slo-class"
+POLICY_HEADER = "x-slo-policy"
+_MAX_TARGET_MS = 3_600_000
+
+
+class SLOHeaderError(ValueError):
+    def __init__(self, header: str, message: str) -> None:
+        super().__init__(message)
+        self.header = header
+
+
+@dataclass(frozen=True, slots=True)
+class SLO:
+    slo_class: str
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    best_effort: bool = False
+
+
+def _parse_ms(headers: Mapping[str, str], names: tuple[str, ...]) -> float | None:
+    for name in names:
+        raw = headers.get(name)
+        if raw is None:
+            continue
+        raw = raw.strip()
+        if not raw.isdigit() or not 0 < int(raw) <= _MAX_TARGET_MS:
+            raise SLOHeaderError(
+                name,
+                f"header {name} must be a positive integer of milliseconds (1..{_MAX_TARGET_MS})",
+            )
+        return float(raw)
+    return None
+
+
+def parse_slo(headers: Mapping[str, str], config: RoutingConfig) -> SLO:
+    """The request's SLO; headers are looked up case-insensitively by the caller's mapping."""
+    class_name = headers.get(CLASS_HEADER, "").strip() or config.default_class
+    cls = config.classes.get(class_name)
+    if cls is None:
+        raise SLOHeaderError(
+            CLASS_HEADER,
+            f"header {CLASS_HEADER}: unknown class (known: {', '.join(sorted(config.classes))})",
+        )
+    policy = headers.get(POLICY_HEADER, "").strip().lower()
+    if policy not in ("", "strict", "best-effort"):
+        raise SLOHeaderError(POLICY_HEADER, f"header {POLICY_HEADER} must be strict or best-effort")
+    ttft = _parse_ms(headers, TTFT_HEADERS)
+    tpot = _parse_ms(headers, TPOT_HEADERS)
+    return SLO(
+        slo_class=class_name,
+        ttft_ms=ttft if ttft is not None else cls.ttft_ms,
+        tpot_ms=tpot if tpot is not None else cls.tpot_ms,
+        best_effort=policy == "best-effort",
+    )
