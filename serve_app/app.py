@@ -10,11 +10,12 @@ fails `serve deploy` with a message instead of a replica crash loop.
 from __future__ import annotations
 
 from pathlib import PurePath
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from ray import serve
 from ray.serve import Application
+from ray.serve.deployment import Deployment
 
 from serve_app.constants import BUILTIN_PREFIX, DEFAULT_MAX_TOKENS
 from serve_app.engine.replica import EngineReplica
@@ -73,7 +74,7 @@ def _actor_options(profile: ResolvedProfile) -> dict[str, Any]:
 def _pool_deployment(profile: ResolvedProfile, board: Application) -> Application:
     pool = profile.pool
     return (
-        serve.deployment(EngineReplica)
+        cast(Deployment, serve.deployment(EngineReplica))
         .options(
             name=f"pool-{profile.name}",
             max_ongoing_requests=pool.max_ongoing_requests,
@@ -117,7 +118,7 @@ def build_app(raw_args: dict[str, Any]) -> Application:
     profiles = resolve_profiles(args, detect_platform())
     names = [p.name for p in profiles]
     board = (
-        serve.deployment(PoolStateBoard)
+        cast(Deployment, serve.deployment(PoolStateBoard))
         .options(name="pool-state", num_replicas=1, ray_actor_options={"num_cpus": 0})
         .bind(names)
     )
@@ -133,8 +134,12 @@ def build_app(raw_args: dict[str, Any]) -> Application:
         routing=args.routing,
         default_max_tokens=args.default_max_tokens,
     )
-    return Ingress.options(
-        ray_actor_options={"num_cpus": 0},
-        max_ongoing_requests=1024,
-        graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_TIMEOUT_S,
-    ).bind(config, pools, board)
+    return (
+        cast(Deployment, Ingress)
+        .options(
+            ray_actor_options={"num_cpus": 0},
+            max_ongoing_requests=1024,
+            graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_TIMEOUT_S,
+        )
+        .bind(config, pools, board)
+    )

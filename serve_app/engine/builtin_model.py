@@ -189,7 +189,7 @@ def build_weights(spec: BuiltinSpec, out_dir: Path) -> None:
     )
     config.architectures = ["Ernie4_5ForCausalLM"]
     torch.manual_seed(_SEED)
-    model = Ernie4_5ForCausalLM(config).to(torch.bfloat16)
+    model = Ernie4_5ForCausalLM(config).to(torch.bfloat16)  # type: ignore[arg-type]
     model.save_pretrained(str(out_dir), safe_serialization=True)
     GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0).save_pretrained(str(out_dir))
 

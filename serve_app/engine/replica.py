@@ -12,6 +12,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from ray import serve
 from ray.serve.handle import DeploymentHandle
@@ -44,7 +45,7 @@ class EngineReplica:
     async def __init__(  # type: ignore[misc]
         self,
         profile: ResolvedProfile,
-        board: DeploymentHandle | None = None,
+        board: DeploymentHandle[Any] | None = None,
         engine_factory: EngineFactory = _vllm_engine,
     ) -> None:
         self._profile = profile

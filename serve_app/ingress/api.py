@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any, cast
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -126,7 +127,10 @@ def _engine_error(e: BaseException) -> ServeError:
 @serve.ingress(app)
 class Ingress:
     async def __init__(  # type: ignore[misc]
-        self, config: IngressConfig, pools: dict[str, DeploymentHandle], board: DeploymentHandle
+        self,
+        config: IngressConfig,
+        pools: dict[str, DeploymentHandle[Any]],
+        board: DeploymentHandle[Any],
     ) -> None:
         self._config = config
         self._pools = pools
@@ -246,8 +250,9 @@ class Ingress:
             ignore_eos=body.ignore_eos,
         )
         self._router.dispatched(routed.pool)
-        stream: DeploymentResponseGenerator = (
-            self._pools[routed.pool].options(stream=True).generate.remote(gen)
+        stream = cast(
+            DeploymentResponseGenerator[StreamChunk],
+            self._pools[routed.pool].options(stream=True).generate.remote(gen),
         )
         chunks = self._track(routed, stream)
         try:
@@ -283,7 +288,7 @@ class Ingress:
         return JSONResponse(payload, headers=routed.headers)
 
     async def _track(
-        self, routed: _Routed, stream: DeploymentResponseGenerator
+        self, routed: _Routed, stream: DeploymentResponseGenerator[StreamChunk]
     ) -> AsyncIterator[StreamChunk]:
         """The pool's chunks, with local load accounting and latency learning around them."""
         first_at: float | None = None

@@ -1,0 +1,50 @@
+import pytest
+
+from serve_app.routing.config import RoutingConfig
+from serve_app.routing.slo import SLO, SLOHeaderError, parse_slo
+
+CONFIG = RoutingConfig()
+
+
+def test_no_headers_get_the_default_class() -> None:
+    assert parse_slo({}, CONFIG) == SLO("standard", ttft_ms=2000, tpot_ms=100)
+
+
+def test_class_supplies_targets_and_headers_override_them() -> None:
+    slo = parse_slo({"x-slo-class": "interactive", "x-slo-ttft-ms": "150"}, CONFIG)
+    assert slo == SLO("interactive", ttft_ms=150, tpot_ms=50)
+
+
+@pytest.mark.parametrize("prefix", ["x-slo", "x-llm-d-slo"])
+def test_llm_d_names_are_accepted(prefix: str) -> None:
+    slo = parse_slo({f"{prefix}-ttft-ms": "300", f"{prefix}-tpot-ms": "20"}, CONFIG)
+    assert (slo.ttft_ms, slo.tpot_ms) == (300, 20)
+
+
+def test_batch_class_has_no_targets() -> None:
+    assert parse_slo({"x-slo-class": "batch"}, CONFIG) == SLO("batch")
+
+
+def test_best_effort_policy() -> None:
+    assert parse_slo({"x-slo-policy": "best-effort"}, CONFIG).best_effort
+    assert not parse_slo({"x-slo-policy": "strict"}, CONFIG).best_effort
+
+
+@pytest.mark.parametrize(
+    ("headers", "bad"),
+    [
+        ({"x-slo-ttft-ms": "abc"}, "x-slo-ttft-ms"),
+        ({"x-slo-ttft-ms": "0"}, "x-slo-ttft-ms"),
+        ({"x-slo-ttft-ms": "-5"}, "x-slo-ttft-ms"),
+        ({"x-slo-tpot-ms": "1.5"}, "x-slo-tpot-ms"),
+        ({"x-llm-d-slo-tpot-ms": ""}, "x-llm-d-slo-tpot-ms"),
+        ({"x-slo-ttft-ms": "99999999999"}, "x-slo-ttft-ms"),
+        ({"x-slo-class": "platinum"}, "x-slo-class"),
+        ({"x-slo-policy": "maybe"}, "x-slo-policy"),
+    ],
+)
+def test_malformed_headers_name_the_header(headers: dict[str, str], bad: str) -> None:
+    with pytest.raises(SLOHeaderError) as err:
+        parse_slo(headers, CONFIG)
+    assert err.value.header == bad
+    assert bad in str(err.value)
