@@ -21,6 +21,9 @@ import httpx
 import yaml
 
 LOOPBACK = "127.0.0.1"
+# Ray resolves a node address of 127.0.0.1 to the machine's outward address (its "remotely
+# reachable IP") unless it runs single-node; this, read when ray is first imported, says so.
+SINGLE_NODE_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 @dataclass(frozen=True)
@@ -30,12 +33,23 @@ class LocalCluster:
 
 
 def start_local_ray(
-    dashboard_port: int = 8265, metrics_port: int | None = None, num_cpus: int | None = None
+    dashboard_port: int = 8265,
+    metrics_port: int | None = None,
+    num_cpus: int | None = None,
+    log_to_driver: bool = True,
 ) -> str:
     """Start Ray in this process, every service bound to loopback; returns the dashboard URL."""
-    import ray
-
+    os.environ.update(SINGLE_NODE_ENV)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+    from ray._private import ray_constants
+
+    if ray_constants.ENABLE_RAY_CLUSTER:
+        raise RuntimeError(
+            "ray was imported before start_local_ray(): set "
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before importing it, or Ray binds to a "
+            "non-loopback address"
+        )
     kwargs: dict[str, Any] = {
         "address": "local",
         "_node_ip_address": LOOPBACK,
@@ -43,11 +57,15 @@ def start_local_ray(
         "dashboard_host": LOOPBACK,
         "dashboard_port": dashboard_port,
         "num_cpus": num_cpus,
-        "log_to_driver": True,
+        "log_to_driver": log_to_driver,
     }
     if metrics_port is not None:
         kwargs["_metrics_export_port"] = metrics_port
     ray.init(**kwargs)
+    node_ip = ray.util.get_node_ip_address()
+    if node_ip != LOOPBACK:
+        ray.shutdown()
+        raise RuntimeError(f"Ray bound to {node_ip}, not {LOOPBACK}")
     return f"http://{LOOPBACK}:{dashboard_port}"
 
 

@@ -174,6 +174,25 @@ class Ingress:
             )
         return JSONResponse({"status": "ready", "replicas": pools})
 
+    @app.get("/pools")
+    async def pools(self) -> dict[str, object]:
+        """Each pool's state as routing sees it: replicas, queues, KV use, learned factors."""
+        out: dict[str, object] = {}
+        for view in self._router.views():
+            snap = self._router.snapshots[view.name]
+            out[view.name] = {
+                "replicas": view.replicas,
+                "waiting": snap.waiting,
+                "running": snap.running,
+                "kv_cache_usage": snap.kv_cache_usage,
+                "prefix_cache_hit_rate": snap.prefix_cache_hit_rate,
+                "max_model_len": view.max_model_len,
+                "ttft_factor": view.model.ttft_factor,
+                "tpot_factor": view.model.tpot_factor,
+                "updated_at": snap.updated_at,
+            }
+        return out
+
     @app.get("/v1/models")
     async def models(self) -> dict[str, object]:
         return {

@@ -81,7 +81,7 @@ def test_chat_template_opens_an_assistant_turn(tiny: Path) -> None:
 
 
 def test_unknown_builtin_is_refused() -> None:
-    with pytest.raises(UnknownBuiltinModel, match="known: builtin:ernie-4.5-tiny"):
+    with pytest.raises(UnknownBuiltinModel, match=r"known: builtin:ernie-4\.5-tiny"):
         resolve_model("builtin:gpt-5")
 
 

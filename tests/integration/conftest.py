@@ -1,0 +1,84 @@
+"""One real deployment shared by the integration tests: Ray on loopback, Serve, vLLM CPU engines.
+
+Starting two engines takes ~40 s on 2 cores, so the app is deployed once per session from the
+shipped serve_config.yaml (only the ports change) and every test talks to it over HTTP.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from serve_app.cli import serve_deploy, start_local_ray
+
+ROOT = Path(__file__).resolve().parents[2]
+READY_TIMEOUT_S = 300
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class AppServer:
+    url: str
+    dashboard_url: str
+    metrics_port: int
+    config: dict[str, Any]
+    ready_seen: list[tuple[int, dict[str, str], str]] = field(default_factory=list)
+
+    def client(self, **kwargs: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=60, **kwargs)
+
+
+def _wait_ready(server: AppServer) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    with httpx.Client(timeout=5) as client:
+        while time.monotonic() < deadline:
+            try:
+                r = client.get(f"{server.url}/ready")
+                server.ready_seen.append((r.status_code, dict(r.headers), r.text))
+                if r.status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+    raise TimeoutError(f"app not ready in {READY_TIMEOUT_S} s: {server.ready_seen[-3:]}")
+
+
+@pytest.fixture(scope="session")
+def app_server() -> Iterator[AppServer]:
+    import ray
+    from ray import serve
+
+    metrics_port = free_port()
+    # Four logical CPUs on two cores: the two engines plus room for an autoscaled replica.
+    dashboard = start_local_ray(
+        dashboard_port=free_port(), metrics_port=metrics_port, num_cpus=4, log_to_driver=False
+    )
+    config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    config["http_options"]["port"] = free_port()
+    server = AppServer(
+        url=f"http://127.0.0.1:{config['http_options']['port']}",
+        dashboard_url=dashboard,
+        metrics_port=metrics_port,
+        config=config,
+    )
+    try:
+        serve_deploy(config, dashboard)
+        _wait_ready(server)
+        yield server
+    finally:
+        serve.shutdown()
+        ray.shutdown()

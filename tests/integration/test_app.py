@@ -1,0 +1,230 @@
+"""The deployed app end to end: OpenAI endpoints, streaming, probes, Serve and Ray state."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.integration.conftest import AppServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+MODEL = "ernie-4.5-tiny"
+
+
+def sse_events(response: httpx.Response) -> list[dict[str, Any]]:
+    events = []
+    for line in response.iter_lines():
+        if not line.startswith("data: "):
+            continue
+        data = line.removeprefix("data: ")
+        if data == "[DONE]":
+            events.append({"done": True})
+            break
+        events.append(json.loads(data))
+    return events
+
+
+def test_ready_said_loading_before_it_said_ready(app_server: AppServer) -> None:
+    statuses = [s for s, _, _ in app_server.ready_seen]
+    assert statuses[-1] == 200
+    loading = [(h, body) for s, h, body in app_server.ready_seen if s == 503 and "loading" in body]
+    assert loading, f"never saw the ingress report loading engines: {statuses}"
+    headers, body = loading[0]
+    assert int(headers["retry-after"]) > 0
+    assert json.loads(body)["pools_not_ready"]
+
+
+def test_health_and_ready(app_server: AppServer) -> None:
+    with app_server.client() as c:
+        assert c.get("/health").json() == {"status": "ok"}
+        ready = c.get("/ready")
+        assert ready.status_code == 200
+        assert ready.json()["replicas"] == {"low-latency": 1, "throughput": 1}
+
+
+def test_models_lists_the_served_model(app_server: AppServer) -> None:
+    with app_server.client() as c:
+        body = c.get("/v1/models").json()
+    assert body["object"] == "list"
+    assert [m["id"] for m in body["data"]] == [MODEL]
+
+
+def test_completion(app_server: AppServer) -> None:
+    with app_server.client() as c:
+        r = c.post(
+            "/v1/completions",
+            json={
+                "model": MODEL,
+                "prompt": "Hello, my name is",
+                "max_tokens": 12,
+                "ignore_eos": True,
+            },
+        )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "text_completion"
+    assert body["id"].startswith("cmpl-")
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "length"
+    assert isinstance(choice["text"], str) and choice["text"]
+    assert body["usage"]["completion_tokens"] == 12
+    assert body["usage"]["prompt_tokens"] > 0
+    assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + 12
+    assert r.headers["x-serve-pool"] in ("low-latency", "throughput")
+    assert r.headers["x-route-reason"]
+
+
+def test_chat_completion(app_server: AppServer) -> None:
+    with app_server.client() as c:
+        r = c.post(
+            "/v1/chat/completions",
+            json={
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "你好，请介绍一下你自己。"}],
+                "max_tokens": 8,
+                "ignore_eos": True,
+            },
+        )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"]["role"] == "assistant"
+    assert body["usage"]["completion_tokens"] == 8
+
+
+def test_stream_deltas_equal_the_non_streamed_text(app_server: AppServer) -> None:
+    request = {
+        "model": MODEL,
+        "prompt": "The weather today is",
+        "max_tokens": 24,
+        "temperature": 0.9,
+        "seed": 1234,
+        "ignore_eos": True,
+    }
+    with app_server.client() as c:
+        full = c.post("/v1/completions", json=request).json()
+        with c.stream(
+            "POST",
+            "/v1/completions",
+            json={**request, "stream": True, "stream_options": {"include_usage": True}},
+        ) as r:
+            assert r.status_code == 200
+            assert r.headers["content-type"].startswith("text/event-stream")
+            events = sse_events(r)
+    assert events[-1] == {"done": True}
+    usage = events[-2]
+    assert usage["choices"] == [] and usage["usage"] == full["usage"]
+    chunks = events[:-2]
+    assert "".join(e["choices"][0]["text"] for e in chunks) == full["choices"][0]["text"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_stop_sequence_truncates(app_server: AppServer) -> None:
+    request = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 32, "seed": 7}
+    request |= {"temperature": 0.8, "ignore_eos": True}
+    with app_server.client() as c:
+        text = c.post("/v1/completions", json=request).json()["choices"][0]["text"]
+        stop = text[len(text) // 2 : len(text) // 2 + 3]
+        assert stop.strip(), text
+        stopped = c.post("/v1/completions", json={**request, "stop": [stop]}).json()
+    choice = stopped["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    assert choice["text"] == text[: text.index(stop)]
+
+
+def test_openai_client_streams_a_chat_completion(app_server: AppServer) -> None:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{app_server.url}/v1", api_key="unused")
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Write a haiku about the sea."}],
+        max_tokens=10,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    chunks = list(stream)
+    content = [c.choices[0].delta.content for c in chunks if c.choices]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert len(content) >= 2
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 10
+
+
+def test_client_disconnect_aborts_the_engine_request(app_server: AppServer) -> None:
+    body = {"model": MODEL, "prompt": "Tell me a long story", "max_tokens": 3000}
+    body |= {"ignore_eos": True, "stream": True}
+    with app_server.client() as c:
+        with c.stream("POST", "/v1/completions", json=body) as r:
+            pool = r.headers["x-serve-pool"]
+            lines = r.iter_lines()
+            for _ in range(6):
+                next(lines)
+            # the engine's report reaches the ingress within ~0.5 s
+            deadline = time.monotonic() + 3
+            running_before = 0
+            while time.monotonic() < deadline and not running_before:
+                running_before = c.get("/pools").json()[pool]["running"]
+                time.sleep(0.1)
+        # the stream is closed: within 5 s the engine must have no request left
+        deadline = time.monotonic() + 5
+        state = c.get("/pools").json()[pool]
+        while time.monotonic() < deadline and (state["running"] or state["waiting"]):
+            time.sleep(0.25)
+            state = c.get("/pools").json()[pool]
+    assert running_before >= 1
+    assert (state["running"], state["waiting"]) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "status", "param"),
+    [
+        ({"prompt": "hi", "max_tokens": "x"}, {}, 400, "max_tokens"),
+        ({"prompt": "hi", "temperature": 9}, {}, 400, "temperature"),
+        ({"prompt": "hi", "n": 2}, {}, 400, "n"),
+        ({"max_tokens": 4}, {}, 400, "prompt"),
+        ({"prompt": "hi", "model": "gpt-4"}, {}, 404, "model"),
+        ({"prompt": "hi"}, {"x-slo-ttft-ms": "soon"}, 400, "x-slo-ttft-ms"),
+        ({"prompt": "hi"}, {"x-slo-class": "gold"}, 400, "x-slo-class"),
+        ({"prompt": [1, 2, 999999]}, {}, 400, "prompt"),
+        ({"prompt": "hi", "max_tokens": 5000}, {}, 400, "max_tokens"),
+        ({"prompt": "word " * 5000, "max_tokens": 4}, {}, 400, "input_tokens"),
+    ],
+)
+def test_bad_input_gets_an_openai_error(
+    app_server: AppServer, body: dict[str, Any], headers: dict[str, str], status: int, param: str
+) -> None:
+    with app_server.client() as c:
+        r = c.post("/v1/completions", json=body, headers=headers)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["param"] == param
+    assert error["message"] and len(r.content) < 2048
+
+
+def test_serve_reports_every_deployment_healthy(app_server: AppServer) -> None:
+    from ray.dashboard.modules.serve.sdk import ServeSubmissionClient
+
+    details = ServeSubmissionClient(app_server.dashboard_url).get_serve_details()
+    app = details["applications"]["llm"]
+    assert app["status"] == "RUNNING"
+    statuses = {name: d["status"] for name, d in app["deployments"].items()}
+    assert statuses == {
+        "Ingress": "HEALTHY",
+        "pool-state": "HEALTHY",
+        "pool-low-latency": "HEALTHY",
+        "pool-throughput": "HEALTHY",
+    }
+    assert details["http_options"]["host"] == "127.0.0.1"
+
+
+def test_ray_runs_on_loopback(app_server: AppServer) -> None:
+    import ray
+
+    addresses = {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
+    assert addresses == {"127.0.0.1"}
