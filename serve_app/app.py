@@ -17,6 +17,7 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.deployment import Deployment
 
+from serve_app.autoscaling import POLICY_PATH
 from serve_app.constants import BUILTIN_PREFIX, DEFAULT_MAX_TOKENS
 from serve_app.engine.replica import EngineReplica
 from serve_app.ingress.api import Ingress, IngressConfig, PoolInfo
@@ -71,6 +72,24 @@ def _actor_options(profile: ResolvedProfile) -> dict[str, Any]:
     return {"num_cpus": profile.pool.num_cpus, "runtime_env": {"env_vars": env}}
 
 
+def _autoscaling_config(profile: ResolvedProfile) -> dict[str, Any]:
+    pool = profile.pool
+    config: dict[str, Any] = {
+        "min_replicas": pool.min_replicas,
+        "initial_replicas": max(pool.min_replicas, 1),
+        "max_replicas": pool.max_replicas,
+        "target_ongoing_requests": pool.target_ongoing_requests,
+        "upscale_delay_s": pool.upscale_delay_s,
+        "downscale_delay_s": pool.downscale_delay_s,
+    }
+    if pool.target_waiting_per_replica is not None:
+        config["policy"] = {
+            "policy_function": POLICY_PATH,
+            "policy_kwargs": {"target_waiting_per_replica": pool.target_waiting_per_replica},
+        }
+    return config
+
+
 def _pool_deployment(profile: ResolvedProfile, board: Application) -> Application:
     pool = profile.pool
     return (
@@ -78,14 +97,7 @@ def _pool_deployment(profile: ResolvedProfile, board: Application) -> Applicatio
         .options(
             name=f"pool-{profile.name}",
             max_ongoing_requests=pool.max_ongoing_requests,
-            autoscaling_config={
-                "min_replicas": pool.min_replicas,
-                "initial_replicas": max(pool.min_replicas, 1),
-                "max_replicas": pool.max_replicas,
-                "target_ongoing_requests": pool.target_ongoing_requests,
-                "upscale_delay_s": pool.upscale_delay_s,
-                "downscale_delay_s": pool.downscale_delay_s,
-            },
+            autoscaling_config=_autoscaling_config(profile),
             ray_actor_options=_actor_options(profile),
             health_check_period_s=10,
             health_check_timeout_s=30,

@@ -98,6 +98,12 @@ class PoolSpec(BaseModel):
     max_ongoing_requests: int = Field(
         64, ge=1, description="Requests one replica takes at once; more queue in the handle."
     )
+    target_waiting_per_replica: float | None = Field(
+        4,
+        gt=0,
+        description="Engine waiting-queue depth per replica that adds replicas (None: Serve's "
+        "ongoing-request policy alone).",
+    )
     upscale_delay_s: float = Field(5.0, ge=0, description="Load must last this long to scale up.")
     downscale_delay_s: float = Field(30.0, ge=0, description="Idle this long to scale down.")
     num_cpus: float = Field(1, gt=0, description="CPUs reserved per replica on a CPU platform.")

@@ -17,6 +17,7 @@ from typing import Any
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from serve_app.autoscaling import WAITING_METRIC
 from serve_app.constants import ENGINE_START_TIMEOUT_S, STATS_PERIOD_S
 from serve_app.engine.protocol import (
     Engine,
@@ -84,6 +85,11 @@ class EngineReplica:
 
     async def stats(self) -> EngineStats:
         return self._engine.stats()
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve's hook for custom autoscaling metrics (serve_app.autoscaling reads them)."""
+        stats = self._engine.stats()
+        return {WAITING_METRIC: stats.waiting, "engine_running": stats.running}
 
     async def check_health(self) -> None:
         await self._engine.check_health()

@@ -182,8 +182,8 @@ class Ingress:
             snap = self._router.snapshots[view.name]
             out[view.name] = {
                 "replicas": view.replicas,
-                "waiting": snap.waiting,
-                "running": snap.running,
+                "waiting": view.waiting,
+                "running": view.running,
                 "kv_cache_usage": snap.kv_cache_usage,
                 "prefix_cache_hit_rate": snap.prefix_cache_hit_rate,
                 "max_model_len": view.max_model_len,

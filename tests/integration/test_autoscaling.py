@@ -1,0 +1,98 @@
+"""A pool scales up on its engines' queue depth and back to its minimum when the load stops."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from serve_app.cli import serve_deploy
+from serve_app.engine.protocol import GenerationRequest
+from tests.integration.conftest import AppServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+
+POOL = "pool-low-latency"
+# Serve's own ongoing-request target is set so high that it alone would never scale this pool:
+# any scale-up comes from the engines' waiting queues (serve_app.autoscaling).
+TEST_AUTOSCALING = {
+    "min_replicas": 1,
+    "initial_replicas": 1,
+    "max_replicas": 2,
+    "target_ongoing_requests": 1000,
+    "upscale_delay_s": 1,
+    "downscale_delay_s": 4,
+    "metrics_interval_s": 0.5,
+    "look_back_period_s": 2,
+    "policy": {
+        "policy_function": "serve_app.autoscaling:EngineQueuePolicy",
+        "policy_kwargs": {"target_waiting_per_replica": 2},
+    },
+}
+
+
+def running_replicas(dashboard_url: str) -> int:
+    from ray.dashboard.modules.serve.sdk import ServeSubmissionClient
+
+    details = ServeSubmissionClient(dashboard_url).get_serve_details()
+    app = details["applications"].get("llm", {})
+    if app.get("status") != "RUNNING" or POOL not in app.get("deployments", {}):
+        return 0  # (re)deploying
+    replicas: list[dict[str, Any]] = app["deployments"][POOL]["replicas"]
+    return sum(r["state"] == "RUNNING" for r in replicas)
+
+
+def wait_for(predicate: Any, timeout_s: float) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if predicate():
+            return time.monotonic() - started
+        time.sleep(1)
+    raise TimeoutError(f"condition not met in {timeout_s} s")
+
+
+async def _load(stop: threading.Event, concurrency: int = 64, budget_s: float = 300) -> None:
+    """Keep `concurrency` requests in flight on the pool (more than its engine batches, 32)."""
+    from ray import serve
+
+    handle = serve.get_deployment_handle(POOL, app_name="llm")
+    deadline = time.monotonic() + budget_s
+
+    async def worker(i: int) -> None:
+        n = 0
+        while not stop.is_set() and time.monotonic() < deadline:
+            n += 1
+            request = GenerationRequest(f"autoscale-{i}-{n}", [5] * 200, 128, ignore_eos=True)
+            async for _ in handle.options(stream=True).generate.remote(request):
+                pass
+
+    await asyncio.gather(*(worker(i) for i in range(concurrency)))
+
+
+def test_queue_depth_scales_the_pool_up_and_back_down(app_server: AppServer) -> None:
+    config = copy.deepcopy(app_server.config)
+    config["applications"][0]["deployments"].append(
+        {"name": POOL, "autoscaling_config": TEST_AUTOSCALING}
+    )
+    serve_deploy(config, app_server.dashboard_url)
+    stop = threading.Event()
+    worker = threading.Thread(target=lambda: asyncio.run(_load(stop)), daemon=True)
+
+    try:
+        wait_for(lambda: running_replicas(app_server.dashboard_url) == 1, 120)
+        worker.start()
+        up_s = wait_for(lambda: running_replicas(app_server.dashboard_url) == 2, 240)
+        stop.set()
+        worker.join(30)
+        down_s = wait_for(lambda: running_replicas(app_server.dashboard_url) == 1, 180)
+        print(
+            f"\nscaled up to 2 after {up_s:.0f} s of load; "
+            f"back to 1 {down_s:.0f} s after it stopped"
+        )
+    finally:
+        stop.set()
+        serve_deploy(app_server.config, app_server.dashboard_url)

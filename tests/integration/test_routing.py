@@ -1,0 +1,98 @@
+"""SLO routing on the real two-pool deployment: pool choice, refusals under a flood."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.integration.conftest import AppServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+LONG_PROMPT = [100 + i % 3000 for i in range(2500)]  # longer than low-latency's 2048
+
+
+def post(
+    server: AppServer, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> httpx.Response:
+    return httpx.post(f"{server.url}/v1/completions", json=body, headers=headers, timeout=120)
+
+
+def test_prompt_longer_than_low_latency_context_goes_to_throughput(app_server: AppServer) -> None:
+    r = post(app_server, {"prompt": LONG_PROMPT, "max_tokens": 8, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-serve-pool"] == "throughput"
+    assert r.json()["usage"]["prompt_tokens"] == len(LONG_PROMPT)
+
+
+def test_tight_ttft_goes_to_low_latency_while_throughput_is_busy(app_server: AppServer) -> None:
+    long_body = {"prompt": [7] * 3500, "max_tokens": 16, "ignore_eos": True}
+    with ThreadPoolExecutor(12) as pool, httpx.Client(base_url=app_server.url) as c:
+        futures = [pool.submit(post, app_server, long_body) for _ in range(12)]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and c.get("/pools").json()["throughput"]["waiting"] < 3:
+            time.sleep(0.02)
+        busy = c.get("/pools").json()["throughput"]
+        tight = post(
+            app_server,
+            {"prompt": "Hi!", "max_tokens": 4},
+            {"x-slo-ttft-ms": "100", "x-slo-tpot-ms": "200"},
+        )
+        long_statuses = [f.result().status_code for f in futures]
+    assert busy["waiting"] >= 3, busy
+    assert tight.status_code == 200, tight.text
+    assert tight.headers["x-serve-pool"] == "low-latency"
+    assert tight.headers["x-route-reason"] in ("slo-fit", "slo-tight", "spillover")
+    assert all(s == 200 for s in long_statuses), long_statuses
+
+
+def test_unmeetable_slo_is_refused_unless_best_effort(app_server: AppServer) -> None:
+    body = {"prompt": "Hello", "max_tokens": 4}
+    strict = post(app_server, body, {"x-slo-ttft-ms": "1"})
+    assert strict.status_code == 429, strict.text
+    assert int(strict.headers["retry-after"]) >= 1
+    assert strict.json()["error"]["code"] == "slo-unmeetable"
+    lenient = post(app_server, body, {"x-slo-ttft-ms": "1", "x-slo-policy": "best-effort"})
+    assert lenient.status_code == 200, lenient.text
+    assert lenient.headers["x-route-reason"] == "best-effort"
+
+
+async def _flood(url: str, n: int) -> list[tuple[int, float, dict[str, str], dict[str, Any]]]:
+    body = {"prompt": "Write a story about a robot.", "max_tokens": 64, "ignore_eos": True}
+    headers = {"x-slo-class": "interactive"}
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+
+        async def one() -> tuple[int, float, dict[str, str], dict[str, Any]]:
+            started = time.perf_counter()
+            r = await client.post("/v1/completions", json=body, headers=headers)
+            return r.status_code, time.perf_counter() - started, dict(r.headers), r.json()
+
+        return await asyncio.wait_for(asyncio.gather(*(one() for _ in range(n))), 240)
+
+
+def test_flood_is_refused_early_and_admitted_requests_complete(app_server: AppServer) -> None:
+    results = asyncio.run(_flood(app_server.url, 160))
+    refused = [r for r in results if r[0] == 429]
+    served = [r for r in results if r[0] == 200]
+    assert len(refused) + len(served) == len(results), {r[0] for r in results}
+    assert refused and served
+    for _, _, headers, body in refused:
+        assert int(headers["retry-after"]) >= 1
+        assert body["error"]["code"] in ("saturated", "slo-unmeetable")
+    for _, _, _, body in served:
+        assert body["usage"]["completion_tokens"] == 64
+    refused_ms = sorted(r[1] * 1e3 for r in refused)
+    served_ms = sorted(r[1] * 1e3 for r in served)
+    print(
+        f"\nflood of {len(results)}: {len(served)} served "
+        f"(median {statistics.median(served_ms):.0f} ms), "
+        f"{len(refused)} refused (median {statistics.median(refused_ms):.0f} ms, "
+        f"max {refused_ms[-1]:.0f} ms)"
+    )

@@ -1,0 +1,58 @@
+from typing import Any
+
+import pytest
+from ray.serve._private.common import DeploymentID, ReplicaID
+from ray.serve.config import AutoscalingConfig, AutoscalingContext
+
+from serve_app.autoscaling import WAITING_METRIC, EngineQueuePolicy, desired_replicas
+
+
+def test_no_queue_keeps_serves_answer() -> None:
+    assert desired_replicas(2, 1.5, 0, 4) == 1.5
+
+
+def test_queue_adds_replicas_in_proportion() -> None:
+    assert desired_replicas(1, 1.0, 8, 4) == 3.0
+    assert desired_replicas(2, 5.0, 4, 4) == 5.0  # Serve already wants more
+
+
+def context(current: int, ongoing: float, waiting: dict[str, float]) -> AutoscalingContext:
+    dep = DeploymentID(name="pool-x", app_name="llm")
+    replicas = [ReplicaID(unique_id=rid, deployment_id=dep) for rid in waiting]
+    metrics: dict[str, Any] = {WAITING_METRIC: dict(zip(replicas, waiting.values(), strict=True))}
+    return AutoscalingContext(
+        deployment_id=dep,
+        deployment_name="pool-x",
+        app_name="llm",
+        current_num_replicas=current,
+        target_num_replicas=current,
+        running_replicas=replicas,
+        total_num_requests=ongoing,
+        total_queued_requests=0,
+        aggregated_metrics=metrics,
+        raw_metrics={},
+        capacity_adjusted_min_replicas=1,
+        capacity_adjusted_max_replicas=4,
+        policy_state={},
+        last_scale_up_time=None,
+        last_scale_down_time=None,
+        current_time=None,
+        config=AutoscalingConfig(min_replicas=1, max_replicas=4, target_ongoing_requests=8),
+    )
+
+
+def test_policy_reads_engine_waiting_from_replica_stats() -> None:
+    policy = EngineQueuePolicy(target_waiting_per_replica=2)
+    desired, _ = policy(context(1, ongoing=8, waiting={"a": 6}))
+    assert desired == pytest.approx(4.0)  # 1 + 6 / 2; ongoing alone would keep 1
+
+
+def test_policy_follows_ongoing_requests_when_engines_keep_up() -> None:
+    policy = EngineQueuePolicy(target_waiting_per_replica=2)
+    desired, _ = policy(context(2, ongoing=4, waiting={"a": 0, "b": 0}))
+    assert desired == pytest.approx(0.5)  # 4 ongoing / 8 target per replica: scale down
+
+
+def test_target_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        EngineQueuePolicy(0)

@@ -1,0 +1,49 @@
+from serve_app.engine.protocol import EngineStats, ReplicaReport
+from serve_app.pool_state import PoolStateBoard, aggregate
+
+NOW = 1000.0
+
+
+def report(pool: str, rid: str, waiting: int = 0, running: int = 0, **kw: object) -> ReplicaReport:
+    fields: dict[str, object] = {"reported_at": NOW, "max_model_len": 2048} | kw
+    healthy = bool(fields.pop("healthy", True))
+    stats = EngineStats(waiting, running, kv_cache_usage=0.5, healthy=healthy)
+    return ReplicaReport(pool=pool, replica_id=rid, stats=stats, **fields)  # type: ignore[arg-type]
+
+
+def test_sums_queues_and_counts_live_replicas() -> None:
+    snaps = aggregate(
+        ["a", "b"],
+        [
+            report("a", "1", 2, 3, ttft_ms_recent=(10.0, 30.0)),
+            report("a", "2", 1, 1, ttft_ms_recent=(20.0,)),
+        ],
+        NOW,
+    )
+    a = snaps["a"]
+    assert (a.replicas, a.waiting, a.running) == (2, 3, 4)
+    assert a.kv_cache_usage == 0.5
+    assert a.ttft_ms_recent_p50 == 20.0
+    assert not snaps["b"].ready
+
+
+def test_stale_and_unhealthy_replicas_are_left_out() -> None:
+    snaps = aggregate(
+        ["a"],
+        [report("a", "1", reported_at=NOW - 10), report("a", "2", healthy=False), report("a", "3")],
+        NOW,
+    )
+    assert snaps["a"].replicas == 1
+
+
+def test_unknown_pools_are_ignored() -> None:
+    assert set(aggregate(["a"], [report("zzz", "1")], NOW)) == {"a"}
+
+
+def test_board_keeps_latest_report_per_replica_and_forgets_old_ones() -> None:
+    board = PoolStateBoard(["a"])
+    board.report(report("a", "1", waiting=5, reported_at=NOW - 100))
+    board.report(report("a", "2", waiting=1))
+    board.report(report("a", "2", waiting=2))
+    assert set(board._reports) == {"2"}
+    assert board._reports["2"].stats.waiting == 2
