@@ -23,11 +23,16 @@ ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 300
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+def free_ports(n: int) -> list[int]:
+    """n distinct free ports: all bound at once, so none is handed out twice."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 @dataclass
@@ -62,13 +67,13 @@ def app_server() -> Iterator[AppServer]:
     import ray
     from ray import serve
 
-    metrics_port = free_port()
+    dashboard_port, metrics_port, http_port = free_ports(3)
     # Four logical CPUs on two cores: the two engines plus room for an autoscaled replica.
     dashboard = start_local_ray(
-        dashboard_port=free_port(), metrics_port=metrics_port, num_cpus=4, log_to_driver=False
+        dashboard_port=dashboard_port, metrics_port=metrics_port, num_cpus=4, log_to_driver=False
     )
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
-    config["http_options"]["port"] = free_port()
+    config["http_options"]["port"] = http_port
     server = AppServer(
         url=f"http://127.0.0.1:{config['http_options']['port']}",
         dashboard_url=dashboard,

@@ -1,0 +1,82 @@
+"""The replica's own logic (latency bookkeeping, stats, health) with a scripted engine."""
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from serve_app.engine.protocol import (
+    Engine,
+    EngineDeadError,
+    EngineStats,
+    GenerationRequest,
+    StreamChunk,
+)
+from serve_app.engine.replica import EngineReplica
+from serve_app.profiles import EngineArgs, EngineProfile, Platform, ResolvedProfile
+
+PROFILE = EngineProfile(
+    name="p", model="m", engine=EngineArgs(max_model_len=1024, kv_cache_memory_bytes=1 << 28)
+).resolve(Platform.CPU)
+
+
+class ScriptedEngine(Engine):
+    def __init__(self, profile: ResolvedProfile) -> None:
+        self.dead = False
+        self.started = False
+
+    async def start(self) -> None:
+        self.started = True
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[StreamChunk]:
+        for i in range(request.max_tokens):
+            done = i == request.max_tokens - 1
+            yield StreamChunk(
+                f"t{i}", 1, i + 1, len(request.prompt_token_ids), "length" if done else None
+            )
+
+    async def check_health(self) -> None:
+        if self.dead:
+            raise EngineDeadError("dead")
+
+    def stats(self) -> EngineStats:
+        return EngineStats(waiting=3, running=2, kv_cache_usage=0.25)
+
+    def shutdown(self) -> None:
+        self.dead = True
+
+
+async def make_replica() -> tuple[EngineReplica, ScriptedEngine]:
+    engines: list[ScriptedEngine] = []
+
+    def factory(profile: ResolvedProfile) -> Engine:
+        engines.append(ScriptedEngine(profile))
+        return engines[-1]
+
+    replica = EngineReplica.__new__(EngineReplica)
+    await replica.__init__(PROFILE, None, factory)  # type: ignore[misc]
+    return replica, engines[0]
+
+
+async def test_streams_and_records_latencies() -> None:
+    replica, engine = await make_replica()
+    assert engine.started
+    chunks = [c async for c in replica.generate(GenerationRequest("r", [1, 2, 3], 5))]
+    assert "".join(c.text for c in chunks) == "t0t1t2t3t4"
+    assert chunks[-1].completion_tokens == 5 and chunks[-1].finish_reason == "length"
+    report = replica.report()
+    assert report.pool == "p" and report.max_model_len == 1024
+    assert len(report.ttft_ms_recent) == 1 and len(report.tpot_ms_recent) == 1
+    assert report.stats.waiting == 3
+
+
+async def test_autoscaling_stats_expose_the_engine_queue() -> None:
+    replica, _ = await make_replica()
+    assert replica.record_autoscaling_stats() == {"engine_waiting": 3, "engine_running": 2}
+
+
+async def test_health_check_fails_when_the_engine_is_dead() -> None:
+    replica, engine = await make_replica()
+    await replica.check_health()
+    engine.dead = True
+    with pytest.raises(EngineDeadError):
+        await replica.check_health()
