@@ -26,6 +26,7 @@ from serve_app.engine.protocol import (
     ReplicaReport,
     StreamChunk,
 )
+from serve_app.metrics import ReplicaMetrics
 from serve_app.profiles import ResolvedProfile
 
 logger = logging.getLogger("ray.serve")
@@ -66,6 +67,7 @@ class EngineReplica:
             time.monotonic() - started,
             profile.model,
         )
+        self._metrics = ReplicaMetrics(profile.name)
         self._reporter = asyncio.get_running_loop().create_task(self._report_forever())
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[StreamChunk]:
@@ -106,13 +108,14 @@ class EngineReplica:
         )
 
     async def _report_forever(self) -> None:
-        if self._board is None:
-            return
         while True:
-            try:
-                await self._board.report.remote(self.report())
-            except Exception:  # the board restarts with the app; keep serving meanwhile
-                logger.warning("pool %s: stats report failed", self._profile.name, exc_info=True)
+            report = self.report()
+            self._metrics.update(report.stats)
+            if self._board is not None:
+                try:
+                    await self._board.report.remote(report)
+                except Exception:  # the board restarts with the app; keep serving meanwhile
+                    logger.warning("pool %s: report failed", self._profile.name, exc_info=True)
             await asyncio.sleep(STATS_PERIOD_S)
 
     def __del__(self) -> None:

@@ -42,10 +42,11 @@ from serve_app.ingress.errors import (
 )
 from serve_app.ingress.prompts import PromptRenderer
 from serve_app.ingress.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
+from serve_app.metrics import IngressMetrics, Outcome, outcome_of
 from serve_app.routing.config import RoutingConfig
 from serve_app.routing.policy import Reject, RequestFeatures, RouteTo
 from serve_app.routing.router import Load, Router
-from serve_app.routing.slo import SLOHeaderError, parse_slo
+from serve_app.routing.slo import CLASS_HEADER, SLO, SLOHeaderError, parse_slo
 
 logger = logging.getLogger("ray.serve")
 
@@ -76,7 +77,10 @@ async def _serve_error(_: Request, err: ServeError) -> JSONResponse:
 
 
 @app.exception_handler(RequestValidationError)
-async def _validation_error(_: Request, err: RequestValidationError) -> JSONResponse:
+async def _validation_error(request: Request, err: RequestValidationError) -> JSONResponse:
+    metrics: IngressMetrics | None = getattr(request.app.state, "metrics", None)
+    if metrics is not None:
+        metrics.request("none", request.headers.get(CLASS_HEADER, ""), Outcome.CLIENT_ERROR)
     first = err.errors()[0] if err.errors() else {"loc": (), "msg": "invalid request"}
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = loc[0] if loc else None
@@ -89,6 +93,7 @@ class _Routed:
     request_id: str
     pool: str
     reason: str
+    slo: SLO
     load: Load
     prompt_tokens: int
     started: float
@@ -139,6 +144,8 @@ class Ingress:
         self._router = Router(
             {name: p.max_model_len for name, p in config.pools.items()}, config.routing
         )
+        self._metrics = IngressMetrics()
+        app.state.metrics = self._metrics
         self._refresher = asyncio.get_running_loop().create_task(self._refresh_forever())
 
     async def _refresh_forever(self) -> None:
@@ -212,15 +219,30 @@ class Ingress:
 
     @app.post("/v1/completions")
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
-        self._check_model(body.model)
-        ids = self._renderer.completion_ids(body.prompt)
-        return await self._generate(fmt.Kind.COMPLETION, body, ids, body.max_tokens, request)
+        try:
+            self._check_model(body.model)
+            ids = self._renderer.completion_ids(body.prompt)
+            return await self._generate(fmt.Kind.COMPLETION, body, ids, body.max_tokens, request)
+        except ServeError as e:
+            self._count_refusal(e, request)
+            raise
 
     @app.post("/v1/chat/completions")
     async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Response:
-        self._check_model(body.model)
-        ids = self._renderer.chat_ids(body.messages)
-        return await self._generate(fmt.Kind.CHAT, body, ids, body.requested_max_tokens(), request)
+        try:
+            self._check_model(body.model)
+            ids = self._renderer.chat_ids(body.messages)
+            max_tokens = body.requested_max_tokens()
+            return await self._generate(fmt.Kind.CHAT, body, ids, max_tokens, request)
+        except ServeError as e:
+            self._count_refusal(e, request)
+            raise
+
+    def _count_refusal(self, err: ServeError, request: Request) -> None:
+        routed: _Routed | None = getattr(request.state, "routed", None)
+        pool, slo_class = (routed.pool, routed.slo.slo_class) if routed else ("none", "")
+        slo_class = slo_class or request.headers.get(CLASS_HEADER, "")
+        self._metrics.request(pool, slo_class, outcome_of(err.status_code))
 
     def _check_model(self, model: str | None) -> None:
         if model is not None and model != self._config.served_model_name:
@@ -239,15 +261,20 @@ class Ingress:
         features = RequestFeatures(prompt_tokens=len(ids), max_tokens=max_tokens)
         decision = self._router.decide(features, slo, time.time())
         if not isinstance(decision, RouteTo):
+            self._metrics.route("none", decision.reason.value)
             raise _reject_error(decision)
-        return _Routed(
+        self._metrics.route(decision.pool, decision.reason.value)
+        routed = _Routed(
             request_id=f"cmpl-{uuid.uuid4().hex}",
             pool=decision.pool,
             reason=decision.reason.value,
+            slo=slo,
             load=self._router.load_of(decision.pool),
             prompt_tokens=len(ids),
             started=time.perf_counter(),
         )
+        request.state.routed = routed
+        return routed
 
     async def _generate(
         self,

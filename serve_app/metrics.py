@@ -1,0 +1,143 @@
+"""Prometheus metrics through Ray's metrics API (so they reach Ray's endpoint and dashboard).
+
+`ray.serve.metrics` adds the deployment, replica and application tags. Ray prefixes every name
+with `ray_` on its Prometheus endpoint (counters also get `_total`): `serve_app_requests` is
+scraped as `ray_serve_app_requests_total`. Goodput is the rate of `serve_app_slo_requests`
+with result="met": requests served within every latency target they carried.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from ray.serve.metrics import Counter, Gauge, Histogram
+
+from serve_app.engine.protocol import EngineStats
+
+# Milliseconds: from a fast GPU token (~2 ms) to a long queue (~1 min).
+TTFT_BOUNDARIES_MS: list[float] = [
+    5,
+    10,
+    25,
+    50,
+    100,
+    250,
+    500,
+    1000,
+    2500,
+    5000,
+    10000,
+    30000,
+    60000,
+]
+TPOT_BOUNDARIES_MS: list[float] = [1, 2, 5, 10, 20, 35, 50, 75, 100, 150, 250, 500, 1000]
+
+
+def _keys(*names: str) -> Any:
+    # Ray annotates tag_keys as tuple[str] (one element); any tuple of names is meant.
+    return names
+
+
+class Outcome(StrEnum):
+    SERVED = "served"
+    REJECTED = "rejected"  # 429: SLO unmeetable or pools saturated
+    CLIENT_ERROR = "client_error"
+    SERVER_ERROR = "server_error"
+    DISCONNECTED = "disconnected"
+
+
+def outcome_of(status: int) -> Outcome:
+    if status == 429:
+        return Outcome.REJECTED
+    if status >= 500:
+        return Outcome.SERVER_ERROR
+    if status >= 400:
+        return Outcome.CLIENT_ERROR
+    return Outcome.SERVED
+
+
+class IngressMetrics:
+    """What the ingress measures: per pool and SLO class, as the client sees it."""
+
+    def __init__(self) -> None:
+        self.requests = Counter(
+            "serve_app_requests",
+            description="Requests by pool, SLO class and outcome.",
+            tag_keys=_keys("pool", "slo_class", "outcome"),
+        )
+        self.routes = Counter(
+            "serve_app_route_decisions",
+            description="Routing decisions by pool and reason (pool 'none' for refusals).",
+            tag_keys=_keys("pool", "reason"),
+        )
+        self.ttft = Histogram(
+            "serve_app_ttft_ms",
+            description="Time to first token at the ingress, ms.",
+            boundaries=TTFT_BOUNDARIES_MS,
+            tag_keys=_keys("pool", "slo_class"),
+        )
+        self.tpot = Histogram(
+            "serve_app_tpot_ms",
+            description="Mean time per output token after the first, ms.",
+            boundaries=TPOT_BOUNDARIES_MS,
+            tag_keys=_keys("pool", "slo_class"),
+        )
+        self.slo = Counter(
+            "serve_app_slo_requests",
+            description="Served requests by whether they met every latency target (goodput).",
+            tag_keys=_keys("pool", "slo_class", "result"),
+        )
+        self.prompt_tokens = Counter(
+            "serve_app_prompt_tokens", description="Prompt tokens served.", tag_keys=_keys("pool")
+        )
+        self.generation_tokens = Counter(
+            "serve_app_generation_tokens",
+            description="Tokens generated.",
+            tag_keys=_keys("pool"),
+        )
+
+    def request(self, pool: str, slo_class: str, outcome: Outcome) -> None:
+        self.requests.inc(1, {"pool": pool, "slo_class": slo_class, "outcome": outcome.value})
+
+    def route(self, pool: str, reason: str) -> None:
+        self.routes.inc(1, {"pool": pool, "reason": reason})
+
+    def served(
+        self,
+        pool: str,
+        slo_class: str,
+        ttft_ms: float,
+        tpot_ms: float | None,
+        slo_met: bool,
+        prompt_tokens: int,
+        generated_tokens: int,
+    ) -> None:
+        tags = {"pool": pool, "slo_class": slo_class}
+        self.ttft.observe(ttft_ms, tags)
+        if tpot_ms is not None:
+            self.tpot.observe(tpot_ms, tags)
+        self.slo.inc(1, {**tags, "result": "met" if slo_met else "missed"})
+        self.prompt_tokens.inc(prompt_tokens, {"pool": pool})
+        if generated_tokens:
+            self.generation_tokens.inc(generated_tokens, {"pool": pool})
+
+
+class ReplicaMetrics:
+    """Engine scheduler gauges, one series per replica (Serve adds the replica tag)."""
+
+    def __init__(self, pool: str) -> None:
+        tags = _keys("pool")
+        self._tags = {"pool": pool}
+        self.waiting = Gauge("serve_app_engine_waiting", "Requests queued in the engine.", tags)
+        self.running = Gauge("serve_app_engine_running", "Requests in the engine's batch.", tags)
+        self.kv = Gauge("serve_app_kv_cache_usage", "KV cache blocks in use (0-1).", tags)
+        self.prefix_hit = Gauge(
+            "serve_app_prefix_cache_hit_rate", "Prefix cache hit rate since start (0-1).", tags
+        )
+
+    def update(self, stats: EngineStats) -> None:
+        self.waiting.set(stats.waiting, self._tags)
+        self.running.set(stats.running, self._tags)
+        self.kv.set(stats.kv_cache_usage, self._tags)
+        self.prefix_hit.set(stats.prefix_cache_hit_rate, self._tags)

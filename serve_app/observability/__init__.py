@@ -1,0 +1,1 @@
+"""Grafana dashboard as code, its provisioning, and the Prometheus queries behind it."""

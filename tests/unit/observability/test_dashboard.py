@@ -1,0 +1,45 @@
+import json
+import re
+
+from serve_app.constants import PACKAGE_DIR
+from serve_app.observability.__main__ import DEFAULT_PATH, main
+from serve_app.observability.dashboard import (
+    DASHBOARD_UID,
+    build_dashboard,
+    dashboard_json,
+    panel_queries,
+)
+
+
+def test_committed_dashboard_is_current() -> None:
+    assert DEFAULT_PATH.read_text() == dashboard_json(), (
+        "run `python -m serve_app.observability write`"
+    )
+    assert main(["check"]) == 0
+
+
+def test_panels_cover_what_operators_watch() -> None:
+    titles = " | ".join(p["title"] for p in build_dashboard()["panels"]).lower()
+    for needed in ("goodput", "attainment", "ttft", "tpot", "tokens/s", "queue", "replicas"):
+        assert needed in titles
+    assert "kv cache" in titles and "rejections" in titles
+
+
+def test_every_query_uses_a_metric_the_app_exports() -> None:
+    source = (PACKAGE_DIR / "metrics.py").read_text()
+    exported = set(re.findall(r'"(serve_app_[a-z_]+)"', source))
+    for title, expr in panel_queries():
+        names = set(re.findall(r"ray_(serve_app_[a-z_]+?)(?:_total|_bucket)?\b", expr))
+        assert names and names <= exported, (title, expr)
+
+
+def test_panels_use_the_datasource_variable() -> None:
+    dashboard = build_dashboard()
+    assert dashboard["uid"] == DASHBOARD_UID
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in dashboard["panels"]:
+        assert panel["datasource"]["uid"] == "${datasource}"
+        for target in panel["targets"]:
+            assert target["expr"]
+    json.dumps(dashboard)
