@@ -5,15 +5,19 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: venv run test unit lint typecheck dashboard clean
+.PHONY: venv system-deps run test unit lint typecheck dashboard clean
 
 venv:
 	@VENV=$(VENV) bash scripts/install_venv.sh
 
+system-deps:
+	@bash scripts/install_system.sh
+
 run: venv
 	$(PY) -m serve_app run serve_config.yaml --port $(PORT)
 
-test: venv lint typecheck
+test: venv system-deps lint typecheck
+	$(PY) -m serve_app.observability check
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 unit: venv
@@ -25,6 +29,9 @@ lint: venv
 
 typecheck: venv
 	$(VENV)/bin/mypy
+
+dashboard: venv
+	$(PY) -m serve_app.observability write
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -110,7 +110,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.port:
         config.setdefault("http_options", {})["port"] = args.port
     started = time.monotonic()
-    dashboard = start_local_ray(dashboard_port=args.dashboard_port)
+    dashboard = start_local_ray(dashboard_port=args.dashboard_port, metrics_port=args.metrics_port)
     http_url = http_url_of(config)
     try:
         serve_deploy(config, dashboard)
@@ -119,6 +119,7 @@ def _run(args: argparse.Namespace) -> int:
             f"\nserve-app ready at {http_url} ({time.monotonic() - started:.1f} s after start, "
             f"{waited:.1f} s of it loading engines)\n"
             f"  Ray dashboard: {dashboard}  (Serve tab: the app, its deployments and replicas)\n"
+            f"  Prometheus metrics: http://{LOOPBACK}:{args.metrics_port}/metrics\n"
             f"  try: curl -s {http_url}/v1/completions -H 'content-type: application/json' "
             '-d \'{"prompt": "Hello", "max_tokens": 16}\'\n'
             "Ctrl-C stops the app and Ray.",
@@ -151,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("config", nargs="?", default="serve_config.yaml")
     run.add_argument("--port", type=int, help="HTTP port (overrides the config)")
     run.add_argument("--dashboard-port", type=int, default=8265)
+    run.add_argument("--metrics-port", type=int, default=8080, help="Ray's metrics endpoint")
     run.add_argument("--ready-timeout-s", type=float, default=600)
     args = parser.parse_args(argv)
     if args.command == "run":

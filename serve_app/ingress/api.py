@@ -347,16 +347,35 @@ class Ingress:
                 last = chunk
                 yield chunk
         finally:
-            if last is None or last.finish_reason is None:
-                stream.cancel()  # the client went away or we failed: abort the engine request
             self._router.finished(routed.pool, got_first_token=first_at is not None)
             if first_at is not None and last is not None and last.finish_reason is not None:
-                ttft_ms = (first_at - routed.started) * 1e3
-                tpot_ms = None
-                if last.completion_tokens > 1:
-                    decode_s = time.perf_counter() - first_at
-                    tpot_ms = decode_s * 1e3 / (last.completion_tokens - 1)
-                self._router.learn(routed.pool, routed.prompt_tokens, routed.load, ttft_ms, tpot_ms)
+                self._finished(routed, first_at, last)
+            else:
+                stream.cancel()  # the client went away or we failed: abort the engine request
+                if first_at is not None:  # failures before the first chunk are counted above
+                    self._metrics.request(routed.pool, routed.slo.slo_class, Outcome.DISCONNECTED)
+
+    def _finished(self, routed: _Routed, first_at: float, last: StreamChunk) -> None:
+        """A request served to its end: learn its latencies and record them."""
+        ttft_ms = (first_at - routed.started) * 1e3
+        tpot_ms = None
+        if last.completion_tokens > 1:
+            tpot_ms = (time.perf_counter() - first_at) * 1e3 / (last.completion_tokens - 1)
+        self._router.learn(routed.pool, routed.prompt_tokens, routed.load, ttft_ms, tpot_ms)
+        slo = routed.slo
+        met = (slo.ttft_ms is None or ttft_ms <= slo.ttft_ms) and (
+            slo.tpot_ms is None or tpot_ms is None or tpot_ms <= slo.tpot_ms
+        )
+        self._metrics.request(routed.pool, slo.slo_class, Outcome.SERVED)
+        self._metrics.served(
+            routed.pool,
+            slo.slo_class,
+            ttft_ms,
+            tpot_ms,
+            met,
+            last.prompt_tokens,
+            last.completion_tokens,
+        )
 
     async def _sse(
         self,

@@ -47,6 +47,26 @@ class AppServer:
         return httpx.Client(base_url=self.url, timeout=60, **kwargs)
 
 
+def app_statuses(dashboard_url: str) -> dict[str, Any]:
+    from ray.dashboard.modules.serve.sdk import ServeSubmissionClient
+
+    apps: dict[str, Any] = ServeSubmissionClient(dashboard_url).get_serve_details()["applications"]
+    return apps
+
+
+def redeploy(server: AppServer, config: dict[str, Any]) -> None:
+    """`serve deploy` a changed config, then wait until the app serves again (a changed config
+    may restart replicas, and the next test must not meet a half-deployed app)."""
+    serve_deploy(config, server.dashboard_url)
+    time.sleep(2)  # let the controller take the new config before we look
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while app_statuses(server.dashboard_url).get("llm", {}).get("status") != "RUNNING":
+        if time.monotonic() > deadline:
+            raise TimeoutError("app did not return to RUNNING")
+        time.sleep(1)
+    _wait_ready(server)
+
+
 def _wait_ready(server: AppServer) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
     with httpx.Client(timeout=5) as client:

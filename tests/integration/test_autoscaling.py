@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 
-from serve_app.cli import serve_deploy
 from serve_app.engine.protocol import GenerationRequest
-from tests.integration.conftest import AppServer
+from tests.integration.conftest import AppServer, app_statuses, redeploy
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -36,10 +35,7 @@ TEST_AUTOSCALING = {
 
 
 def running_replicas(dashboard_url: str) -> int:
-    from ray.dashboard.modules.serve.sdk import ServeSubmissionClient
-
-    details = ServeSubmissionClient(dashboard_url).get_serve_details()
-    app = details["applications"].get("llm", {})
+    app = app_statuses(dashboard_url).get("llm", {})
     if app.get("status") != "RUNNING" or POOL not in app.get("deployments", {}):
         return 0  # (re)deploying
     replicas: list[dict[str, Any]] = app["deployments"][POOL]["replicas"]
@@ -78,7 +74,7 @@ def test_queue_depth_scales_the_pool_up_and_back_down(app_server: AppServer) -> 
     config["applications"][0]["deployments"].append(
         {"name": POOL, "autoscaling_config": TEST_AUTOSCALING}
     )
-    serve_deploy(config, app_server.dashboard_url)
+    redeploy(app_server, config)
     stop = threading.Event()
     worker = threading.Thread(target=lambda: asyncio.run(_load(stop)), daemon=True)
 
@@ -95,4 +91,4 @@ def test_queue_depth_scales_the_pool_up_and_back_down(app_server: AppServer) -> 
         )
     finally:
         stop.set()
-        serve_deploy(app_server.config, app_server.dashboard_url)
+        redeploy(app_server, app_server.config)

@@ -5,13 +5,12 @@ from __future__ import annotations
 import copy
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from serve_app.cli import serve_deploy
-from tests.integration.conftest import AppServer
+from tests.integration.conftest import AppServer, app_statuses, redeploy
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -25,13 +24,6 @@ EXPECTED = {
     "tiny-blocks": "block_size 8 is not supported: vLLM's attention on cpu needs a multiple of 32",
     "paged-off": "paged KV cache (PagedAttention) is always on in vLLM",
 }
-
-
-def app_status(dashboard_url: str) -> dict[str, Any]:
-    from ray.dashboard.modules.serve.sdk import ServeSubmissionClient
-
-    apps: dict[str, Any] = ServeSubmissionClient(dashboard_url).get_serve_details()["applications"]
-    return apps
 
 
 def test_bad_profiles_fail_the_deploy(app_server: AppServer, tmp_path: Path) -> None:
@@ -51,13 +43,13 @@ def test_bad_profiles_fail_the_deploy(app_server: AppServer, tmp_path: Path) -> 
     serve_deploy(config, app_server.dashboard_url)
     try:
         deadline = time.monotonic() + 120
-        apps = app_status(app_server.dashboard_url)
+        apps = app_statuses(app_server.dashboard_url)
         wanted = [f"bad-{n}" for n in BAD_PROFILES]
         while time.monotonic() < deadline and any(
             apps.get(a, {}).get("status") != "DEPLOY_FAILED" for a in wanted
         ):
             time.sleep(1)
-            apps = app_status(app_server.dashboard_url)
+            apps = app_statuses(app_server.dashboard_url)
         for name, expected in EXPECTED.items():
             app = apps[f"bad-{name}"]
             assert app["status"] == "DEPLOY_FAILED"
@@ -68,4 +60,4 @@ def test_bad_profiles_fail_the_deploy(app_server: AppServer, tmp_path: Path) -> 
         r = httpx.post(f"{app_server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 2})
         assert r.status_code == 200
     finally:
-        serve_deploy(app_server.config, app_server.dashboard_url)
+        redeploy(app_server, app_server.config)
