@@ -131,7 +131,9 @@ def _run(args: argparse.Namespace) -> int:
             nonlocal stop
             stop = True
 
+        # Both, explicitly: a shell starts background jobs with SIGINT ignored.
         signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
         while not stop:
             time.sleep(0.5)
     except KeyboardInterrupt:

@@ -28,7 +28,7 @@ from serve_app.engine.protocol import (
     GenerationRequest,
     StreamChunk,
 )
-from serve_app.profiles import ResolvedProfile
+from serve_app.profiles import Platform, ResolvedProfile
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +74,22 @@ def engine_args_for(profile: ResolvedProfile) -> AsyncEngineArgs:
     )
 
 
+# On a CPU host the engine processes compete with the serving path (HTTP proxy, ingress, Ray)
+# for the same cores. The engine is throughput work; the serving path is latency work (a refusal
+# must leave in milliseconds), so the engine runs at a lower scheduling priority.
+CPU_ENGINE_NICENESS = 19
+
+
+def _lower_priority_of_children(niceness: int) -> None:
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        try:
+            child.nice(max(child.nice(), niceness))
+        except psutil.Error:  # gone already, or not ours to change
+            logger.warning("could not lower the priority of engine process %s", child.pid)
+
+
 class VLLMEngine(Engine):
     """vLLM's AsyncLLM built from a resolved profile."""
 
@@ -90,6 +106,8 @@ class VLLMEngine(Engine):
         self._llm = AsyncLLM.from_engine_args(
             engine_args_for(self._profile), stat_loggers=[factory]
         )
+        if self._profile.platform is Platform.CPU:
+            _lower_priority_of_children(CPU_ENGINE_NICENESS)
 
     @property
     def llm(self) -> AsyncLLM:

@@ -344,6 +344,11 @@ class Ingress:
                 if first_at is None:
                     first_at = time.perf_counter()
                     self._router.first_token(routed.pool)
+                    ttft_ms = (first_at - routed.started) * 1e3
+                    # learn at once: in a burst, completions come too late to correct admission
+                    self._router.learn(
+                        routed.pool, routed.prompt_tokens, routed.load, ttft_ms, None
+                    )
                 last = chunk
                 yield chunk
         finally:
@@ -361,7 +366,8 @@ class Ingress:
         tpot_ms = None
         if last.completion_tokens > 1:
             tpot_ms = (time.perf_counter() - first_at) * 1e3 / (last.completion_tokens - 1)
-        self._router.learn(routed.pool, routed.prompt_tokens, routed.load, ttft_ms, tpot_ms)
+        if tpot_ms is not None:
+            self._router.learn(routed.pool, routed.prompt_tokens, routed.load, None, tpot_ms)
         slo = routed.slo
         met = (slo.ttft_ms is None or ttft_ms <= slo.ttft_ms) and (
             slo.tpot_ms is None or tpot_ms is None or tpot_ms <= slo.tpot_ms

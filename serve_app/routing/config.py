@@ -27,6 +27,9 @@ class LatencyPrior(BaseModel):
     ttft_ms_per_waiting_request: float = Field(
         40.0, ge=0, description="Added TTFT per request queued ahead, per replica."
     )
+    ttft_ms_per_running_request: float = Field(
+        1.0, ge=0, description="Added TTFT per request already decoding, per replica."
+    )
     tpot_base_ms: float = Field(5.0, ge=0, description="TPOT on an idle pool.")
     tpot_ms_per_running_request: float = Field(
         0.5, ge=0, description="Added TPOT per request decoding in the same batch."

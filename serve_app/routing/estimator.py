@@ -1,11 +1,12 @@
 """Latency prediction per pool: a linear model of load, scaled by factors learned online.
 
     ttft_ms = (ttft_base + ttft_per_prompt_token * prompt_tokens
-               + ttft_per_waiting_request * waiting_per_replica) * ttft_factor
+               + ttft_per_waiting_request * waiting_per_replica
+               + ttft_per_running_request * running_per_replica) * ttft_factor
     tpot_ms = (tpot_base + tpot_per_running_request * (running_per_replica + 1)) * tpot_factor
 
-The coefficients are priors from the routing config (per pool). Each served request's measured
-TTFT and TPOT (at the ingress: what the client sees) move the pool's factor towards
+The coefficients are priors from the routing config (per pool). Each request's measured TTFT (at
+its first token) and TPOT (at its end), taken at the ingress, move the pool's factor towards
 measured / unscaled prediction by an exponentially weighted average, so a pool that turns out
 slower or faster than its prior is predicted correctly after a few requests.
 """
@@ -36,7 +37,8 @@ class LatencyModel:
         return Prediction(
             ttft_ms=p.ttft_base_ms
             + p.ttft_ms_per_prompt_token * prompt_tokens
-            + p.ttft_ms_per_waiting_request * waiting,
+            + p.ttft_ms_per_waiting_request * waiting
+            + p.ttft_ms_per_running_request * running,
             tpot_ms=p.tpot_base_ms + p.tpot_ms_per_running_request * (running + 1),
         )
 
