@@ -28,6 +28,7 @@ from serve_app.profiles import (
     ResolvedProfile,
     _format_validation_error,
     detect_platform,
+    engine_env,
     find_profile,
     load_profile,
     profiles_dir,
@@ -65,10 +66,7 @@ def _served_name(model: str) -> str:
 def _actor_options(profile: ResolvedProfile) -> dict[str, Any]:
     if profile.platform is Platform.CUDA:
         return {"num_gpus": 1, "num_cpus": 1}
-    threads = max(1, int(profile.pool.num_cpus))
-    # vLLM CPU binds OpenMP threads to cores itself ("auto"); several engines on one host would
-    # then pin to the same cores. Each replica instead runs as many threads as CPUs Ray gave it.
-    env = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(threads)}
+    env = engine_env(profile)
     return {"num_cpus": profile.pool.num_cpus, "runtime_env": {"env_vars": env}}
 
 

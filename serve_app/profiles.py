@@ -172,6 +172,18 @@ class ResolvedProfile(BaseModel):
         return self.engine.max_model_len
 
 
+def engine_env(profile: ResolvedProfile) -> dict[str, str]:
+    """Environment an engine of this profile runs with (the app's replicas and the bench's).
+
+    vLLM CPU binds OpenMP threads to cores itself ("auto"); several engines on one host would
+    then pin to the same cores. Each engine instead runs as many threads as CPUs it was given.
+    """
+    if profile.platform is Platform.CUDA:
+        return {}
+    threads = max(1, int(profile.pool.num_cpus))
+    return {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(threads)}
+
+
 def check_platform(profile: ResolvedProfile) -> None:
     """Refuse, before any engine starts, what the platform's vLLM would refuse later or worse."""
     where = f"profile '{profile.name}' on {profile.platform.value}"

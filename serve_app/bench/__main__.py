@@ -1,0 +1,88 @@
+"""`python -m serve_app.bench` (or `serve-app-bench`): run, compare.
+
+    run      --workload W --target T [--concurrency 1,16] [--out DIR]
+    compare  --workload W --target BASE --target OTHER ... [--concurrency 1,16] [--repeats 2]
+
+Targets: engine:<profile> | app:<url> | url:<url>. Every run is bounded by the workload's
+request count and duration_s. `compare` alternates the targets at each concurrency (repeats
+times) so slow drift of a noisy machine hits all of them alike, then prints ratios to the first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from serve_app.bench.memory import MemoryProbe
+from serve_app.bench.report import markdown_table, ratio_table, write_outputs
+from serve_app.bench.runner import run_workload, summarize
+from serve_app.bench.targets import Target, make_target
+from serve_app.bench.workload import Arrival, Workload, load_workload
+
+
+def _workloads(base: Workload, concurrency: str | None) -> list[Workload]:
+    if not concurrency:
+        return [base]
+    return [
+        base.with_arrival(Arrival(kind="closed", concurrency=int(c)))
+        for c in concurrency.split(",")
+    ]
+
+
+async def _run(
+    targets: list[Target], workloads: list[Workload], repeats: int
+) -> list[dict[str, Any]]:
+    """Every (workload, repeat) runs each target in turn; repeats stay separate rows."""
+    probe_rows: list[dict[str, Any]] = []
+    for target in targets:
+        await target.start()
+    try:
+        for workload in workloads:
+            for r in range(repeats):
+                for target in targets:
+                    probe = MemoryProbe()
+                    result = await run_workload(target, workload, probe)
+                    row = summarize(result)
+                    row["repeat"] = r
+                    probe_rows.append(row)
+                    print(
+                        f"{row['target']:>28} conc={row['concurrency']} rate={row['rate']} "
+                        f"tok/s={row['output_tok_s']:,.0f} TTFT p50={row['ttft_ms']['p50']} "
+                        f"errors={row['errors']}",
+                        flush=True,
+                    )
+    finally:
+        for target in targets:
+            await target.stop()
+    return probe_rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="serve-app-bench", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("run", "compare"):
+        p = sub.add_parser(name)
+        p.add_argument("--workload", type=Path, required=True)
+        p.add_argument("--target", action="append", required=True)
+        p.add_argument("--concurrency", help="comma-separated closed-loop concurrencies")
+        p.add_argument("--repeats", type=int, default=1)
+        p.add_argument("--out", type=Path)
+        p.add_argument("--name", default=None, help="output file stem")
+    args = parser.parse_args(argv)
+    workload = load_workload(args.workload)
+    targets = [make_target(t) for t in args.target]
+    rows = asyncio.run(_run(targets, _workloads(workload, args.concurrency), args.repeats))
+    table = markdown_table(rows)
+    ratios = ratio_table(rows, targets[0].name) if args.command == "compare" else ""
+    print("\n" + table + ("\n\n" + ratios if ratios else ""))
+    if args.out:
+        stem = args.name or f"{args.command}-{workload.name}"
+        write_outputs(rows, args.out, stem, "\n" + ratios + "\n" if ratios else "")
+        print(f"\nwrote {args.out / stem}.json/.md/.png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,141 @@
+"""Runs a workload against a target, bounded in requests and time, and summarises the samples."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from tqdm import tqdm
+
+from serve_app.bench.memory import MemoryProbe
+from serve_app.bench.targets import Sample, Target
+from serve_app.bench.workload import RequestSpec, Workload, expand
+
+
+@dataclass
+class RunResult:
+    target: str
+    workload: Workload
+    samples: list[Sample]
+    wall_s: float
+    peak_mem_gib: float | None
+
+
+async def _closed_loop(
+    target: Target, specs: list[RequestSpec], concurrency: int, deadline: float, bar: tqdm
+) -> list[Sample]:
+    queue = list(reversed(specs))
+    samples: list[Sample] = []
+
+    async def user() -> None:
+        while queue and time.monotonic() < deadline:
+            samples.append(await target.run_one(queue.pop()))
+            bar.update(1)
+
+    await asyncio.gather(*(user() for _ in range(concurrency)))
+    return samples
+
+
+async def _open_loop(
+    target: Target, specs: list[RequestSpec], started: float, deadline: float, bar: tqdm
+) -> list[Sample]:
+    samples: list[Sample] = []
+
+    async def one(spec: RequestSpec) -> None:
+        samples.append(await target.run_one(spec))
+        bar.update(1)
+
+    tasks = []
+    for spec in specs:
+        delay = started + spec.arrival_s - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if time.monotonic() >= deadline:
+            break
+        tasks.append(asyncio.create_task(one(spec)))
+    remaining = max(0.0, deadline - time.monotonic())
+    if tasks:
+        _, pending = await asyncio.wait(tasks, timeout=remaining)
+        for task in pending:  # past the time bound: stop waiting, count them as errors
+            task.cancel()
+    return samples
+
+
+async def run_workload(
+    target: Target, workload: Workload, probe: MemoryProbe, progress: bool = True
+) -> RunResult:
+    specs = expand(workload)
+    sampler = asyncio.create_task(probe.sample_forever())
+    bar = tqdm(total=len(specs), desc=target.name, disable=not progress, leave=False)
+    started = time.monotonic()
+    deadline = started + workload.duration_s
+    try:
+        if workload.arrival.kind == "closed":
+            assert workload.arrival.concurrency is not None
+            samples = await _closed_loop(target, specs, workload.arrival.concurrency, deadline, bar)
+        else:
+            samples = await _open_loop(target, specs, started, deadline, bar)
+    finally:
+        bar.close()
+        sampler.cancel()
+    wall_s = time.monotonic() - started
+    finished = {s.index for s in samples}
+    samples += [
+        Sample(s.index, s.slo_class, ok=False, error="not finished within duration_s")
+        for s in specs
+        if s.index not in finished
+    ]
+    return RunResult(target.name, workload, samples, wall_s, probe.peak_gib)
+
+
+def _pcts(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "p90": None, "p99": None}
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+    return {"p50": at(0.5), "p90": at(0.9), "p99": at(0.99)}
+
+
+def _met(sample: Sample, workload: Workload) -> bool:
+    if not sample.ok:
+        return False
+    slo = workload.slo_classes.get(sample.slo_class)
+    if slo is None:
+        return True
+    ttft_ok = slo.ttft_ms is None or (sample.ttft_ms or 0) <= slo.ttft_ms
+    tpot = sample.tpot_ms
+    return ttft_ok and (slo.tpot_ms is None or tpot is None or tpot <= slo.tpot_ms)
+
+
+def summarize(result: RunResult) -> dict[str, Any]:
+    ok = [s for s in result.samples if s.ok]
+    wall = max(result.wall_s, 1e-9)
+    attainment: dict[str, float] = {}
+    for cls in sorted({s.slo_class for s in result.samples}):
+        in_class = [s for s in result.samples if s.slo_class == cls]
+        attainment[cls] = sum(_met(s, result.workload) for s in in_class) / len(in_class)
+    errors = [s.error for s in result.samples if not s.ok]
+    return {
+        "target": result.target,
+        "workload": result.workload.name,
+        "concurrency": result.workload.arrival.concurrency,
+        "rate": result.workload.arrival.rate,
+        "requests": len(result.samples),
+        "errors": len(errors),
+        "error_kinds": sorted({e for e in errors if e}),
+        "ttft_ms": _pcts([s.ttft_ms for s in ok if s.ttft_ms is not None]),
+        "tpot_ms": _pcts([t for s in ok if (t := s.tpot_ms) is not None]),
+        "itl_ms": _pcts([g for s in ok for g in s.chunk_gaps_ms]),
+        "e2e_ms": _pcts([s.e2e_ms for s in ok if s.e2e_ms is not None]),
+        "output_tok_s": sum(s.output_tokens for s in ok) / wall,
+        "req_s": len(ok) / wall,
+        "goodput_req_s": sum(_met(s, result.workload) for s in result.samples) / wall,
+        "slo_attainment": attainment,
+        "peak_mem_gib": result.peak_mem_gib,
+        "wall_s": result.wall_s,
+    }

@@ -1,0 +1,202 @@
+"""What a benchmark runs against: the bare engine in-process, or any OpenAI-compatible URL.
+
+    engine:<profile>   vLLM AsyncLLM built from a profile, in this process (the baseline)
+    app:<url>          this app over HTTP (sends the SLO class header)
+    url:<url>          any OpenAI-compatible server (a peer, e.g. `vllm serve`)
+
+Each request is timed at the client: time to first token, gaps between chunks, end to end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import httpx
+
+from serve_app.bench.workload import RequestSpec
+
+
+@dataclass
+class Sample:
+    index: int
+    slo_class: str
+    ok: bool
+    error: str | None = None
+    ttft_ms: float | None = None
+    e2e_ms: float | None = None
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+    chunk_gaps_ms: list[float] = field(default_factory=list)
+
+    @property
+    def tpot_ms(self) -> float | None:
+        if self.ttft_ms is None or self.e2e_ms is None or self.output_tokens < 2:
+            return None
+        return (self.e2e_ms - self.ttft_ms) / (self.output_tokens - 1)
+
+
+def _new_sample(spec: RequestSpec) -> Sample:
+    return Sample(spec.index, spec.slo_class, ok=False, prompt_tokens=len(spec.prompt_token_ids))
+
+
+class Target(Protocol):
+    name: str
+
+    async def start(self) -> None: ...
+
+    async def run_one(self, spec: RequestSpec) -> Sample: ...
+
+    async def stop(self) -> None: ...
+
+
+class EngineTarget:
+    """The bare engine: vLLM AsyncLLM from a profile, driven in-process."""
+
+    def __init__(self, profile_name: str, name: str | None = None) -> None:
+        self.name = name or f"engine:{profile_name}"
+        self._profile_name = profile_name
+        self._engine: object | None = None
+
+    async def start(self) -> None:
+        from serve_app.engine.vllm_engine import VLLMEngine
+        from serve_app.profiles import (
+            detect_platform,
+            engine_env,
+            find_profile,
+            load_profile,
+            profiles_dir,
+        )
+
+        profile = load_profile(find_profile(self._profile_name, profiles_dir())).resolve(
+            detect_platform()
+        )
+        os.environ.update(engine_env(profile))  # the same threads as the app's replicas
+        engine = VLLMEngine(profile)
+        await engine.start()
+        self._engine = engine
+
+    async def run_one(self, spec: RequestSpec) -> Sample:
+        from serve_app.engine.protocol import GenerationRequest
+        from serve_app.engine.vllm_engine import VLLMEngine
+
+        assert isinstance(self._engine, VLLMEngine)
+        request = GenerationRequest(
+            request_id=uuid.uuid4().hex,
+            prompt_token_ids=spec.prompt_token_ids,
+            max_tokens=spec.max_tokens,
+            temperature=0.0,
+            ignore_eos=True,
+        )
+        sample = Sample(
+            spec.index, spec.slo_class, ok=False, prompt_tokens=len(spec.prompt_token_ids)
+        )
+        started = last = time.perf_counter()
+        try:
+            async for chunk in self._engine.generate(request):
+                now = time.perf_counter()
+                if chunk.num_tokens:
+                    if sample.ttft_ms is None:
+                        sample.ttft_ms = (now - started) * 1e3
+                    else:
+                        sample.chunk_gaps_ms.append((now - last) * 1e3)
+                    last = now
+                sample.output_tokens = chunk.completion_tokens
+        except Exception as e:  # recorded as an error sample; the run goes on
+            sample.error = f"{type(e).__name__}: {e}"[:200]
+            return sample
+        sample.e2e_ms = (time.perf_counter() - started) * 1e3
+        sample.ok = True
+        return sample
+
+    async def stop(self) -> None:
+        from serve_app.engine.vllm_engine import VLLMEngine
+
+        if isinstance(self._engine, VLLMEngine):
+            self._engine.shutdown()
+
+
+class HTTPTarget:
+    """An OpenAI-compatible /v1/completions endpoint, streamed."""
+
+    def __init__(self, url: str, name: str, send_slo_class: bool, model: str | None = None) -> None:
+        self.name = name
+        self._url = url.rstrip("/")
+        self._send_slo_class = send_slo_class
+        self._model = model
+        self._client: httpx.AsyncClient | None = None
+
+    async def start(self) -> None:
+        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
+        self._client = httpx.AsyncClient(base_url=self._url, timeout=600, limits=limits)
+        if self._model is None:
+            models = (await self._client.get("/v1/models")).json()
+            self._model = models["data"][0]["id"]
+
+    async def run_one(self, spec: RequestSpec) -> Sample:
+        assert self._client is not None
+        body = {
+            "model": self._model,
+            "prompt": spec.prompt_token_ids,
+            "max_tokens": spec.max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        headers = {"x-slo-class": spec.slo_class} if self._send_slo_class else {}
+        sample = Sample(
+            spec.index, spec.slo_class, ok=False, prompt_tokens=len(spec.prompt_token_ids)
+        )
+        started = last = time.perf_counter()
+        chunks = 0
+        try:
+            async with self._client.stream(
+                "POST", "/v1/completions", json=body, headers=headers
+            ) as r:
+                if r.status_code != 200:
+                    sample.error = f"HTTP {r.status_code}"
+                    await r.aread()
+                    return sample
+                async for line in r.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    event = json.loads(line[6:])
+                    now = time.perf_counter()
+                    if event.get("usage"):
+                        sample.output_tokens = event["usage"]["completion_tokens"]
+                    if event.get("choices") and event["choices"][0].get("text"):
+                        if sample.ttft_ms is None:
+                            sample.ttft_ms = (now - started) * 1e3
+                        else:
+                            sample.chunk_gaps_ms.append((now - last) * 1e3)
+                        last = now
+                        chunks += 1
+        except httpx.HTTPError as e:
+            sample.error = f"{type(e).__name__}"
+            return sample
+        sample.e2e_ms = (time.perf_counter() - started) * 1e3
+        sample.output_tokens = sample.output_tokens or chunks
+        sample.ok = sample.ttft_ms is not None
+        if not sample.ok:
+            sample.error = "no tokens"
+        return sample
+
+    async def stop(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+
+
+def make_target(spec: str) -> Target:
+    kind, _, rest = spec.partition(":")
+    if kind == "engine" and rest:
+        return EngineTarget(rest)
+    if kind == "app" and rest:
+        return HTTPTarget(rest, name=f"app:{rest}", send_slo_class=True)
+    if kind == "url" and rest:
+        return HTTPTarget(rest, name=f"url:{rest}", send_slo_class=False)
+    raise ValueError(f"target '{spec}': expected engine:<profile>, app:<url> or url:<url>")

@@ -1,0 +1,151 @@
+"""Benchmark workloads: YAML files describing arrivals, lengths, SLO mix and bounds.
+
+A workload expands, deterministically from its seed, into a list of `RequestSpec`s: token-id
+prompts (so every target sees the exact same prompt lengths, tokenizer aside), output lengths,
+SLO classes and arrival offsets.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from serve_app.routing.config import SLOClass
+
+
+class WorkloadError(ValueError):
+    pass
+
+
+class Lengths(BaseModel):
+    """A token-length distribution: fixed, uniform [min, max], or drawn from a list."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["fixed", "uniform", "list"] = "fixed"
+    value: int | None = Field(None, ge=1)
+    min: int | None = Field(None, ge=1)
+    max: int | None = Field(None, ge=1)
+    values: list[int] | None = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _complete(self) -> Lengths:
+        needed = {"fixed": ("value",), "uniform": ("min", "max"), "list": ("values",)}[self.kind]
+        missing = [f for f in needed if getattr(self, f) is None]
+        if missing:
+            raise ValueError(f"kind {self.kind} needs {', '.join(missing)}")
+        if self.kind == "uniform" and (self.min or 0) > (self.max or 0):
+            raise ValueError("min exceeds max")
+        return self
+
+    def draw(self, rng: random.Random) -> int:
+        if self.kind == "fixed":
+            assert self.value is not None
+            return self.value
+        if self.kind == "uniform":
+            assert self.min is not None and self.max is not None
+            return rng.randint(self.min, self.max)
+        assert self.values is not None
+        return rng.choice(self.values)
+
+
+class Arrival(BaseModel):
+    """Poisson at `rate` req/s, constant at `rate`, or a closed loop of `concurrency` users."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["poisson", "constant", "closed"] = "closed"
+    rate: float | None = Field(None, gt=0)
+    concurrency: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _complete(self) -> Arrival:
+        if self.kind == "closed" and self.concurrency is None:
+            raise ValueError("a closed loop needs concurrency")
+        if self.kind != "closed" and self.rate is None:
+            raise ValueError(f"{self.kind} arrivals need rate")
+        return self
+
+
+class Workload(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    description: str = ""
+    arrival: Arrival
+    prompt_tokens: Lengths
+    output_tokens: Lengths
+    slo_mix: dict[str, float] = Field(default_factory=lambda: {"standard": 1.0})
+    slo_classes: dict[str, SLOClass] = Field(
+        default_factory=dict, description="Targets per class, for attainment and goodput."
+    )
+    requests: int = Field(100, ge=1, le=100_000)
+    duration_s: float = Field(600, gt=0, description="Hard bound on one run's wall time.")
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _classes_known(self) -> Workload:
+        unknown = set(self.slo_mix) - set(self.slo_classes)
+        if self.slo_classes and unknown:
+            raise ValueError(f"slo_mix names classes without targets: {sorted(unknown)}")
+        return self
+
+    def with_arrival(self, arrival: Arrival) -> Workload:
+        return self.model_copy(update={"arrival": arrival})
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    index: int
+    prompt_token_ids: list[int]
+    max_tokens: int
+    slo_class: str
+    arrival_s: float  # offset from the run's start (open-loop arrivals); 0 for closed loops
+
+
+def expand(workload: Workload, vocab_size: int = 4000) -> list[RequestSpec]:
+    """The workload's requests, the same on every call. Token ids avoid the special ids 0-4."""
+    rng = random.Random(workload.seed)
+    classes = list(workload.slo_mix)
+    weights = [workload.slo_mix[c] for c in classes]
+    at = 0.0
+    specs = []
+    for i in range(workload.requests):
+        n = workload.prompt_tokens.draw(rng)
+        prompt = [rng.randrange(5, vocab_size) for _ in range(n)]
+        if workload.arrival.kind == "poisson":
+            assert workload.arrival.rate is not None
+            at += rng.expovariate(workload.arrival.rate)
+        elif workload.arrival.kind == "constant":
+            assert workload.arrival.rate is not None
+            at = i / workload.arrival.rate
+        specs.append(
+            RequestSpec(
+                index=i,
+                prompt_token_ids=prompt,
+                max_tokens=workload.output_tokens.draw(rng),
+                slo_class=rng.choices(classes, weights)[0],
+                arrival_s=at,
+            )
+        )
+    return specs
+
+
+def load_workload(path: Path) -> Workload:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise WorkloadError(f"{path}: {e}") from None
+    if isinstance(data, dict):
+        data.setdefault("name", path.stem)
+    try:
+        return Workload.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        raise WorkloadError(f"{path}: {loc}: {first['msg']}") from None

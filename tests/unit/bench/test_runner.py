@@ -1,0 +1,72 @@
+import asyncio
+
+from serve_app.bench.memory import MemoryProbe
+from serve_app.bench.report import markdown_table, ratio_table
+from serve_app.bench.runner import run_workload, summarize
+from serve_app.bench.targets import Sample
+from serve_app.bench.workload import Arrival, Lengths, RequestSpec, Workload
+from serve_app.routing.config import SLOClass
+
+WORKLOAD = Workload(
+    name="w",
+    arrival=Arrival(kind="closed", concurrency=3),
+    prompt_tokens=Lengths(value=8),
+    output_tokens=Lengths(value=5),
+    slo_mix={"fast": 1, "slow": 1},
+    slo_classes={"fast": SLOClass(ttft_ms=15), "slow": SLOClass()},
+    requests=20,
+    duration_s=30,
+)
+
+
+class FakeTarget:
+    """Answers after a delay that depends on the request (scripted, for the runner's logic)."""
+
+    name = "fake"
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    async def run_one(self, spec: RequestSpec) -> Sample:
+        await asyncio.sleep(0.001)
+        if spec.index == 7:
+            return Sample(spec.index, spec.slo_class, ok=False, error="HTTP 500")
+        ttft = 10.0 if spec.index % 2 else 20.0
+        return Sample(
+            spec.index,
+            spec.slo_class,
+            ok=True,
+            ttft_ms=ttft,
+            e2e_ms=ttft + 4 * 2.0,
+            output_tokens=spec.max_tokens,
+            chunk_gaps_ms=[2.0] * 4,
+        )
+
+
+def test_summary_figures() -> None:
+    result = asyncio.run(run_workload(FakeTarget(), WORKLOAD, MemoryProbe(), progress=False))
+    row = summarize(result)
+    assert row["requests"] == 20 and row["errors"] == 1
+    assert row["error_kinds"] == ["HTTP 500"]
+    assert row["ttft_ms"]["p50"] in (10.0, 20.0)
+    assert row["tpot_ms"]["p50"] == 2.0
+    assert row["itl_ms"]["p99"] == 2.0
+    assert row["output_tok_s"] > 0
+    # "fast" requests meet their 15 ms TTFT only when odd; "slow" has no target (all met but 7)
+    fast = [s for s in result.samples if s.slo_class == "fast"]
+    expected_fast = sum(1 for s in fast if s.ok and s.ttft_ms == 10.0) / len(fast)
+    assert row["slo_attainment"]["fast"] == expected_fast
+    met = sum(1 for s in result.samples if s.ok and (s.slo_class == "slow" or s.ttft_ms == 10.0))
+    assert abs(row["goodput_req_s"] - met / result.wall_s) < 1e-6
+
+
+def test_ratio_table_compares_at_equal_concurrency() -> None:
+    base = {"target": "engine", "concurrency": 1, "rate": None, "output_tok_s": 100.0}
+    base |= {"ttft_ms": {"p50": 10.0, "p99": 20.0}}
+    app = {**base, "target": "app", "output_tok_s": 97.0, "ttft_ms": {"p50": 12.5, "p99": 30.0}}
+    table = ratio_table([base, app], "engine")
+    assert "| app | 1 | 0.970 | +2.5 | +10.0 |" in table
+    assert "engine" in markdown_table([base | {"requests": 1, "errors": 0}])

@@ -1,0 +1,76 @@
+from pathlib import Path
+
+import pytest
+
+from serve_app.bench.workload import (
+    Arrival,
+    Lengths,
+    Workload,
+    WorkloadError,
+    expand,
+    load_workload,
+)
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "workloads").glob("*.yaml")), ids=lambda p: p.stem)
+def test_shipped_workloads_load(path: Path) -> None:
+    workload = load_workload(path)
+    specs = expand(workload)
+    assert len(specs) == workload.requests
+
+
+def test_seed_table_matches_the_seed() -> None:
+    specs = expand(load_workload(ROOT / "workloads" / "seed-table.yaml"))
+    assert len(specs) == 100
+    assert all(30 <= len(s.prompt_token_ids) <= 300 for s in specs)
+    assert {s.max_tokens for s in specs} == {256}
+
+
+def test_expansion_is_deterministic_and_avoids_special_ids() -> None:
+    workload = load_workload(ROOT / "workloads" / "mixed.yaml")
+    a, b = expand(workload), expand(workload)
+    assert a == b
+    assert min(t for s in a for t in s.prompt_token_ids) >= 5
+    assert {s.slo_class for s in a} == {"interactive", "batch"}
+
+
+def test_poisson_arrivals_are_increasing_at_about_the_rate() -> None:
+    workload = Workload(
+        name="w",
+        arrival=Arrival(kind="poisson", rate=10),
+        prompt_tokens=Lengths(value=10),
+        output_tokens=Lengths(value=10),
+        requests=2000,
+    )
+    offsets = [s.arrival_s for s in expand(workload)]
+    assert offsets == sorted(offsets)
+    assert 180 < offsets[-1] < 220  # 2000 requests at 10/s
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "arrival: {kind: closed}\nprompt_tokens: {value: 1}\noutput_tokens: {value: 1}",
+            "concurrency",
+        ),
+        ("arrival: {kind: poisson}\nprompt_tokens: {value: 1}\noutput_tokens: {value: 1}", "rate"),
+        (
+            "arrival: {kind: closed, concurrency: 1}\nprompt_tokens: {kind: uniform, min: 5}\n"
+            "output_tokens: {value: 1}",
+            "max",
+        ),
+        (
+            "arrival: {kind: closed, concurrency: 1}\nprompt_tokens: {value: 1}\n"
+            "output_tokens: {value: 1}\nslo_mix: {a: 1}\nslo_classes: {b: {}}",
+            "without targets",
+        ),
+    ],
+)
+def test_bad_workloads_name_the_problem(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "w.yaml"
+    path.write_text(text)
+    with pytest.raises(WorkloadError, match=message):
+        load_workload(path)
