@@ -123,10 +123,18 @@ class EngineTarget:
 class HTTPTarget:
     """An OpenAI-compatible /v1/completions endpoint, streamed."""
 
-    def __init__(self, url: str, name: str, send_slo_class: bool, model: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        name: str,
+        send_slo_class: bool,
+        model: str | None = None,
+        route_policy: str | None = None,
+    ) -> None:
         self.name = name
         self._url = url.rstrip("/")
         self._send_slo_class = send_slo_class
+        self._route_policy = route_policy
         self._model = model
         self._client: httpx.AsyncClient | None = None
 
@@ -149,6 +157,8 @@ class HTTPTarget:
             "stream_options": {"include_usage": True},
         }
         headers = {"x-slo-class": spec.slo_class} if self._send_slo_class else {}
+        if self._route_policy:
+            headers["x-route-policy"] = self._route_policy
         sample = Sample(
             spec.index, spec.slo_class, ok=False, prompt_tokens=len(spec.prompt_token_ids)
         )
@@ -192,11 +202,18 @@ class HTTPTarget:
 
 
 def make_target(spec: str) -> Target:
+    """engine:<profile> | app[@<policy>]:<url> | url:<url>; policy: slo, round-robin, single=<pool>
+    (sent as x-route-policy; the app must allow it, see routing.allow_policy_header)."""
     kind, _, rest = spec.partition(":")
+    kind, _, policy = kind.partition("@")
     if kind == "engine" and rest:
         return EngineTarget(rest)
     if kind == "app" and rest:
-        return HTTPTarget(rest, name=f"app:{rest}", send_slo_class=True)
+        route_policy = policy.replace("=", ":") if policy else None
+        name = f"app@{policy}" if policy else f"app:{rest}"
+        return HTTPTarget(rest, name=name, send_slo_class=True, route_policy=route_policy)
     if kind == "url" and rest:
         return HTTPTarget(rest, name=f"url:{rest}", send_slo_class=False)
-    raise ValueError(f"target '{spec}': expected engine:<profile>, app:<url> or url:<url>")
+    raise ValueError(
+        f"target '{spec}': expected engine:<profile>, app[@<policy>]:<url> or url:<url>"
+    )

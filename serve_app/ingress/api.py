@@ -46,7 +46,13 @@ from serve_app.metrics import IngressMetrics, Outcome, outcome_of
 from serve_app.routing.config import RoutingConfig
 from serve_app.routing.policy import Reject, RequestFeatures, RouteTo
 from serve_app.routing.router import Load, Router
-from serve_app.routing.slo import CLASS_HEADER, SLO, SLOHeaderError, parse_slo
+from serve_app.routing.slo import (
+    CLASS_HEADER,
+    SLO,
+    SLOHeaderError,
+    parse_route_policy,
+    parse_slo,
+)
 
 logger = logging.getLogger("ray.serve")
 
@@ -256,10 +262,13 @@ class Ingress:
     def _route(self, ids: list[int], max_tokens: int, request: Request) -> _Routed:
         try:
             slo = parse_slo(request.headers, self._config.routing)
+            policy, single_pool = parse_route_policy(
+                request.headers, self._config.routing, self._config.pools
+            )
         except SLOHeaderError as e:
             raise BadRequest(str(e), param=e.header) from None
         features = RequestFeatures(prompt_tokens=len(ids), max_tokens=max_tokens)
-        decision = self._router.decide(features, slo, time.time())
+        decision = self._router.decide(features, slo, time.time(), policy, single_pool)
         if not isinstance(decision, RouteTo):
             self._metrics.route("none", decision.reason.value)
             raise _reject_error(decision)

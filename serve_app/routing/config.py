@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Policy(StrEnum):
+    """How the ingress picks a pool; SLO routing is the product, the others are baselines."""
+
+    SLO = "slo"
+    ROUND_ROBIN = "round-robin"
+    SINGLE = "single"
 
 
 class SLOClass(BaseModel):
@@ -62,6 +72,11 @@ class RoutingConfig(BaseModel):
     )
     learning_rate: float = Field(
         0.2, gt=0, le=1, description="EWMA weight of each measured latency in the model's factors."
+    )
+    allow_policy_header: bool = Field(
+        False,
+        description="Honour `x-route-policy` (slo | round-robin | single:<pool>) per request: "
+        "for benchmarks comparing policies on the same replicas; never on an open endpoint.",
     )
     priors: dict[str, LatencyPrior] = Field(
         default_factory=dict, description="Latency model priors by pool; default for the rest."

@@ -32,6 +32,8 @@ from serve_app.routing.slo import SLO
 
 
 class RouteReason(StrEnum):
+    ROUND_ROBIN = "round-robin"
+    SINGLE_POOL = "single-pool"
     SLO_FIT = "slo-fit"
     SLO_TIGHT = "slo-tight"
     SPILLOVER = "spillover"
@@ -185,3 +187,22 @@ def decide(
         f"{best_pred.ttft_ms:.0f} ms, TPOT {best_pred.tpot_ms:.1f} ms)",
         retry,
     )
+
+
+def decide_plain(
+    features: RequestFeatures, pools: list[PoolView], now: float, turn: int, only: str | None
+) -> Decision:
+    """The baselines SLO routing is compared with: round-robin over the pools long enough for
+    the request (`only` None), or a single pool. Neither predicts latency nor refuses for it."""
+    candidates = [p for p in pools if only is None or p.name == only]
+    long_enough = [
+        p for p in candidates if p.max_model_len >= features.prompt_tokens + features.max_tokens
+    ]
+    if not long_enough:
+        return _length_reject(features, candidates)
+    live = [p for p in long_enough if p.replicas > 0 and now - p.updated_at <= STATS_STALE_AFTER_S]
+    if not live:
+        return Reject(503, RejectReason.NO_REPLICA, "no replica is ready to serve this request", 5)
+    pool = live[turn % len(live)]
+    reason = RouteReason.SINGLE_POOL if only else RouteReason.ROUND_ROBIN
+    return RouteTo(pool.name, reason, predict(pool, features))

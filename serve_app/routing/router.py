@@ -11,9 +11,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from serve_app.pool_state import PoolSnapshot
-from serve_app.routing.config import RoutingConfig
+from serve_app.routing.config import Policy, RoutingConfig
 from serve_app.routing.estimator import LatencyModel
-from serve_app.routing.policy import Decision, PoolView, RequestFeatures, decide
+from serve_app.routing.policy import (
+    Decision,
+    PoolView,
+    RequestFeatures,
+    decide,
+    decide_plain,
+)
 from serve_app.routing.slo import SLO
 
 
@@ -39,6 +45,7 @@ class Router:
         self._models = {name: LatencyModel(config.prior(name)) for name in pools}
         self._local = {name: _Local() for name in pools}
         self._snapshots: dict[str, PoolSnapshot] = {name: PoolSnapshot(name) for name in pools}
+        self._turn = 0
 
     def update(self, snapshots: Mapping[str, PoolSnapshot]) -> None:
         for name, snap in snapshots.items():
@@ -66,8 +73,19 @@ class Router:
             )
         return views
 
-    def decide(self, features: RequestFeatures, slo: SLO, now: float) -> Decision:
-        return decide(features, slo, self.views(), self._config, now)
+    def decide(
+        self,
+        features: RequestFeatures,
+        slo: SLO,
+        now: float,
+        policy: Policy = Policy.SLO,
+        single_pool: str | None = None,
+    ) -> Decision:
+        if policy is Policy.SLO:
+            return decide(features, slo, self.views(), self._config, now)
+        self._turn += 1
+        only = single_pool if policy is Policy.SINGLE else None
+        return decide_plain(features, self.views(), now, self._turn, only)
 
     def load_of(self, pool: str) -> Load:
         view = next(v for v in self.views() if v.name == pool)

@@ -8,15 +8,16 @@ pool is predicted to meet the targets.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from serve_app.routing.config import RoutingConfig
+from serve_app.routing.config import Policy, RoutingConfig
 
 TTFT_HEADERS = ("x-slo-ttft-ms", "x-llm-d-slo-ttft-ms")
 TPOT_HEADERS = ("x-slo-tpot-ms", "x-llm-d-slo-tpot-ms")
 CLASS_HEADER = "x-slo-class"
 POLICY_HEADER = "x-slo-policy"
+ROUTE_POLICY_HEADER = "x-route-policy"
 _MAX_TARGET_MS = 3_600_000
 
 
@@ -69,3 +70,22 @@ def parse_slo(headers: Mapping[str, str], config: RoutingConfig) -> SLO:
         tpot_ms=tpot if tpot is not None else cls.tpot_ms,
         best_effort=policy == "best-effort",
     )
+
+
+def parse_route_policy(
+    headers: Mapping[str, str], config: RoutingConfig, pools: Iterable[str]
+) -> tuple[Policy, str | None]:
+    """`x-route-policy: slo | round-robin | single:<pool>`, honoured only when the config allows."""
+    raw = headers.get(ROUTE_POLICY_HEADER, "").strip()
+    if not raw or not config.allow_policy_header:
+        return Policy.SLO, None
+    name, _, pool = raw.partition(":")
+    try:
+        policy = Policy(name)
+    except ValueError:
+        raise SLOHeaderError(
+            ROUTE_POLICY_HEADER, f"header {ROUTE_POLICY_HEADER}: slo, round-robin or single:<pool>"
+        ) from None
+    if policy is Policy.SINGLE and pool not in set(pools):
+        raise SLOHeaderError(ROUTE_POLICY_HEADER, f"header {ROUTE_POLICY_HEADER}: unknown pool")
+    return policy, (pool if policy is Policy.SINGLE else None)

@@ -16,6 +16,7 @@ from serve_app.routing.policy import (
     RouteReason,
     RouteTo,
     decide,
+    decide_plain,
     predict,
     slo_ratio,
 )
@@ -287,3 +288,23 @@ def test_routed_within_slo_unless_best_effort(
     decision = decide(features, slo, pools, CONFIG, NOW)
     if isinstance(decision, RouteTo) and decision.reason is not RouteReason.BEST_EFFORT:
         assert slo_ratio(decision.predicted, slo) <= 1.0
+
+
+def test_round_robin_alternates_over_pools_long_enough() -> None:
+    chosen = [decide_plain(req(), [LOW, THR], NOW, turn, None) for turn in range(4)]
+    assert [d.pool for d in chosen if isinstance(d, RouteTo)] == [
+        "low-latency",
+        "throughput",
+        "low-latency",
+        "throughput",
+    ]
+    long = decide_plain(req(3000), [LOW, THR], NOW, 0, None)
+    assert isinstance(long, RouteTo) and long.pool == "throughput"
+
+
+def test_plain_policies_never_refuse_for_latency() -> None:
+    busy = replace(LOW, waiting=1000)
+    decision = decide_plain(req(), [busy], NOW, 0, "low-latency")
+    assert isinstance(decision, RouteTo) and decision.reason is RouteReason.SINGLE_POOL
+    too_long = decide_plain(req(3000), [LOW, THR], NOW, 0, "low-latency")
+    assert isinstance(too_long, Reject) and too_long.param == "input_tokens"

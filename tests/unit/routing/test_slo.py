@@ -1,7 +1,7 @@
 import pytest
 
-from serve_app.routing.config import RoutingConfig
-from serve_app.routing.slo import SLO, SLOHeaderError, parse_slo
+from serve_app.routing.config import Policy, RoutingConfig
+from serve_app.routing.slo import SLO, SLOHeaderError, parse_route_policy, parse_slo
 
 CONFIG = RoutingConfig()
 
@@ -48,3 +48,15 @@ def test_malformed_headers_name_the_header(headers: dict[str, str], bad: str) ->
         parse_slo(headers, CONFIG)
     assert err.value.header == bad
     assert bad in str(err.value)
+
+
+def test_route_policy_header_needs_the_config_to_allow_it() -> None:
+    headers = {"x-route-policy": "round-robin"}
+    assert parse_route_policy(headers, CONFIG, ["a"]) == (Policy.SLO, None)
+    allowed = RoutingConfig(allow_policy_header=True)
+    assert parse_route_policy(headers, allowed, ["a"]) == (Policy.ROUND_ROBIN, None)
+    single = {"x-route-policy": "single:a"}
+    assert parse_route_policy(single, allowed, ["a"]) == (Policy.SINGLE, "a")
+    for bad in ("single:zzz", "random"):
+        with pytest.raises(SLOHeaderError):
+            parse_route_policy({"x-route-policy": bad}, allowed, ["a"])
