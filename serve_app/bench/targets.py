@@ -19,6 +19,14 @@ from typing import Protocol
 import httpx
 
 from serve_app.bench.workload import RequestSpec
+from serve_app.profiles import (
+    ResolvedProfile,
+    detect_platform,
+    engine_env,
+    find_profile,
+    load_profile,
+    profiles_dir,
+)
 
 
 @dataclass
@@ -57,24 +65,18 @@ class Target(Protocol):
 class EngineTarget:
     """The bare engine: vLLM AsyncLLM from a profile, driven in-process."""
 
-    def __init__(self, profile_name: str, name: str | None = None) -> None:
-        self.name = name or f"engine:{profile_name}"
-        self._profile_name = profile_name
+    def __init__(self, profile: str | ResolvedProfile, name: str | None = None) -> None:
+        label = profile if isinstance(profile, str) else profile.name
+        self.name = name or f"engine:{label}"
+        self._profile = profile
         self._engine: object | None = None
 
     async def start(self) -> None:
         from serve_app.engine.vllm_engine import VLLMEngine
-        from serve_app.profiles import (
-            detect_platform,
-            engine_env,
-            find_profile,
-            load_profile,
-            profiles_dir,
-        )
 
-        profile = load_profile(find_profile(self._profile_name, profiles_dir())).resolve(
-            detect_platform()
-        )
+        profile = self._profile
+        if isinstance(profile, str):
+            profile = load_profile(find_profile(profile, profiles_dir())).resolve(detect_platform())
         os.environ.update(engine_env(profile))  # the same threads as the app's replicas
         engine = VLLMEngine(profile)
         await engine.start()
