@@ -22,7 +22,10 @@ from serve_app.bench.targets import Target, make_target
 from serve_app.bench.workload import Arrival, Workload, load_workload
 
 
-def _workloads(base: Workload, concurrency: str | None) -> list[Workload]:
+def _workloads(base: Workload, concurrency: str | None, rate: str | None) -> list[Workload]:
+    if rate:
+        poisson = [Arrival(kind="poisson", rate=float(r)) for r in rate.split(",")]
+        return [base.with_arrival(arrival) for arrival in poisson]
     if not concurrency:
         return [base]
     return [
@@ -67,13 +70,16 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--workload", type=Path, required=True)
         p.add_argument("--target", action="append", required=True)
         p.add_argument("--concurrency", help="comma-separated closed-loop concurrencies")
+        p.add_argument("--rate", help="comma-separated Poisson rates (req/s), instead")
         p.add_argument("--repeats", type=int, default=1)
         p.add_argument("--out", type=Path)
         p.add_argument("--name", default=None, help="output file stem")
     args = parser.parse_args(argv)
     workload = load_workload(args.workload)
     targets = [make_target(t) for t in args.target]
-    rows = asyncio.run(_run(targets, _workloads(workload, args.concurrency), args.repeats))
+    rows = asyncio.run(
+        _run(targets, _workloads(workload, args.concurrency, args.rate), args.repeats)
+    )
     table = markdown_table(rows)
     ratios = ratio_table(rows, targets[0].name) if args.command == "compare" else ""
     print("\n" + table + ("\n\n" + ratios if ratios else ""))
