@@ -67,6 +67,9 @@ async def run_workload(
     target: Target, workload: Workload, probe: MemoryProbe, progress: bool = True
 ) -> RunResult:
     specs = expand(workload)
+    # One untimed request first, as vLLM's client does: connection set-up and first-call costs
+    # are not the serving path's steady state.
+    await target.run_one(specs[0])
     sampler = asyncio.create_task(probe.sample_forever())
     bar = tqdm(total=len(specs), desc=target.name, disable=not progress, leave=False)
     started = time.monotonic()

@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import httpx
+import aiohttp
 
 from serve_app.bench.workload import RequestSpec
 from serve_app.profiles import (
@@ -138,17 +138,20 @@ class HTTPTarget:
         self._send_slo_class = send_slo_class
         self._route_policy = route_policy
         self._model = model
-        self._client: httpx.AsyncClient | None = None
+        self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
-        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
-        self._client = httpx.AsyncClient(base_url=self._url, timeout=600, limits=limits)
+        # aiohttp, as vLLM's own benchmark client uses: on a host whose cores the server also
+        # needs, the client's per-chunk cost shows up in the figures, so keep it small.
+        connector = aiohttp.TCPConnector(limit=0)
+        timeout = aiohttp.ClientTimeout(total=600)
+        self._session = aiohttp.ClientSession(self._url, connector=connector, timeout=timeout)
         if self._model is None:
-            models = (await self._client.get("/v1/models")).json()
-            self._model = models["data"][0]["id"]
+            async with self._session.get("/v1/models") as r:
+                self._model = (await r.json())["data"][0]["id"]
 
     async def run_one(self, spec: RequestSpec) -> Sample:
-        assert self._client is not None
+        assert self._session is not None
         body = {
             "model": self._model,
             "prompt": spec.prompt_token_ids,
@@ -161,35 +164,34 @@ class HTTPTarget:
         headers = {"x-slo-class": spec.slo_class} if self._send_slo_class else {}
         if self._route_policy:
             headers["x-route-policy"] = self._route_policy
-        sample = Sample(
-            spec.index, spec.slo_class, ok=False, prompt_tokens=len(spec.prompt_token_ids)
-        )
+        sample = _new_sample(spec)
         started = last = time.perf_counter()
         chunks = 0
         try:
-            async with self._client.stream(
-                "POST", "/v1/completions", json=body, headers=headers
-            ) as r:
-                if r.status_code != 200:
-                    sample.error = f"HTTP {r.status_code}"
-                    await r.aread()
+            async with self._session.post("/v1/completions", json=body, headers=headers) as r:
+                if r.status != 200:
+                    sample.error = f"HTTP {r.status}"
+                    await r.read()
                     return sample
-                async for line in r.aiter_lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
+                async for raw in r.content:
+                    now = time.perf_counter()
+                    line = raw.strip()
+                    if not line.startswith(b"data: ") or line == b"data: [DONE]":
                         continue
                     event = json.loads(line[6:])
-                    now = time.perf_counter()
                     if event.get("usage"):
                         sample.output_tokens = event["usage"]["completion_tokens"]
-                    if event.get("choices") and event["choices"][0].get("text"):
+                    # a chunk is a token arrival even when its text is empty (a token that
+                    # decodes to nothing yet, e.g. part of a multi-byte character)
+                    if event.get("choices"):
                         if sample.ttft_ms is None:
                             sample.ttft_ms = (now - started) * 1e3
                         else:
                             sample.chunk_gaps_ms.append((now - last) * 1e3)
                         last = now
                         chunks += 1
-        except httpx.HTTPError as e:
-            sample.error = f"{type(e).__name__}"
+        except (aiohttp.ClientError, TimeoutError) as e:
+            sample.error = type(e).__name__
             return sample
         sample.e2e_ms = (time.perf_counter() - started) * 1e3
         sample.output_tokens = sample.output_tokens or chunks
@@ -199,8 +201,8 @@ class HTTPTarget:
         return sample
 
     async def stop(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
+        if self._session is not None:
+            await self._session.close()
 
 
 def make_target(spec: str) -> Target:
