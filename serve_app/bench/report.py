@@ -43,20 +43,22 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
 
 
 def ratio_table(rows: list[dict[str, Any]], baseline: str) -> str:
-    """Each target against the baseline at the same concurrency/rate: tok/s ratio, TTFT diff."""
+    """Each target against the baseline run next to it (same concurrency/rate and repeat):
+    output tokens/s ratio and TTFT differences."""
     lines = [
-        "| target | conc/rate | out tok/s ratio | TTFT p50 diff (ms) | TTFT p99 diff (ms) |",
-        "|---|---|---|---|---|",
+        "| target | conc/rate | repeat | out tok/s ratio | TTFT p50 diff ms | TTFT p99 diff ms |",
+        "|---|---|---|---|---|---|",
     ]
-    base = {_get(r, None): r for r in rows if r["target"] == baseline}
+    base = {(_get(r, None), r.get("repeat")): r for r in rows if r["target"] == baseline}
     for row in rows:
-        b = base.get(_get(row, None))
+        b = base.get((_get(row, None), row.get("repeat")))
         if row["target"] == baseline or b is None:
             continue
         ratio = row["output_tok_s"] / b["output_tok_s"] if b["output_tok_s"] else float("nan")
         d50 = _diff(row, b, "p50")
         d99 = _diff(row, b, "p99")
-        lines.append(f"| {row['target']} | {_get(row, None)} | {ratio:.3f} | {d50} | {d99} |")
+        where = f"{row['target']} | {_get(row, None)} | {row.get('repeat')}"
+        lines.append(f"| {where} | {ratio:.3f} | {d50} | {d99} |")
     return "\n".join(lines)
 
 

@@ -68,5 +68,5 @@ def test_ratio_table_compares_at_equal_concurrency() -> None:
     base |= {"ttft_ms": {"p50": 10.0, "p99": 20.0}}
     app = {**base, "target": "app", "output_tok_s": 97.0, "ttft_ms": {"p50": 12.5, "p99": 30.0}}
     table = ratio_table([base, app], "engine")
-    assert "| app | 1 | 0.970 | +2.5 | +10.0 |" in table
+    assert "| app | 1 | None | 0.970 | +2.5 | +10.0 |" in table
     assert "engine" in markdown_table([base | {"requests": 1, "errors": 0}])
