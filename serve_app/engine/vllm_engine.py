@@ -8,6 +8,7 @@ DELTA output, and a stat logger to observe the scheduler.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -76,8 +77,9 @@ def engine_args_for(profile: ResolvedProfile) -> AsyncEngineArgs:
 
 # On a CPU host the engine processes compete with the serving path (HTTP proxy, ingress, Ray)
 # for the same cores. The engine is throughput work; the serving path is latency work (a refusal
-# must leave in milliseconds), so the engine runs at a lower scheduling priority.
-CPU_ENGINE_NICENESS = 19
+# must leave in milliseconds), so the engine may run at a lower scheduling priority than Ray's
+# workers (15). $SERVE_APP_CPU_ENGINE_NICENESS sets it; 0 leaves the engine at Ray's priority.
+CPU_ENGINE_NICENESS_ENV = "SERVE_APP_CPU_ENGINE_NICENESS"
 
 
 def _lower_priority_of_children(niceness: int) -> None:
@@ -106,8 +108,9 @@ class VLLMEngine(Engine):
         self._llm = AsyncLLM.from_engine_args(
             engine_args_for(self._profile), stat_loggers=[factory]
         )
-        if self._profile.platform is Platform.CPU:
-            _lower_priority_of_children(CPU_ENGINE_NICENESS)
+        niceness = int(os.environ.get(CPU_ENGINE_NICENESS_ENV, "0"))
+        if self._profile.platform is Platform.CPU and niceness > 0:
+            _lower_priority_of_children(niceness)
 
     @property
     def llm(self) -> AsyncLLM:
