@@ -204,8 +204,6 @@ def check_platform(profile: ResolvedProfile) -> None:
             "kv_cache_memory_bytes): on CPU gpu_memory_utilization is a fraction of host RAM, "
             "so replicas sized by it would together overcommit memory"
         )
-    if profile.platform is Platform.CPU and engine.kv_cache_dtype not in (None, "auto"):
-        raise ProfileError(f"{where}: kv_cache_dtype {engine.kv_cache_dtype} needs a GPU")
 
 
 def _format_validation_error(err: ValidationError) -> str:

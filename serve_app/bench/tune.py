@@ -61,11 +61,19 @@ def grid(args: argparse.Namespace) -> list[dict[str, Any]]:
     return out
 
 
+MEMORY_RESOLUTION_GIB = 0.05  # resident-memory samples differ by a few MB run to run
+
+
 def pareto(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows no other row beats on all of throughput (higher), TTFT p99 and memory (lower)."""
+    """Rows no other row beats on all of throughput (higher), TTFT p99 and memory (lower).
+
+    Memory is compared at MEMORY_RESOLUTION_GIB: smaller differences are sampling noise, and
+    would otherwise keep every point on the front.
+    """
 
     def key(r: dict[str, Any]) -> tuple[float, float, float]:
-        return (-r["output_tok_s"], r["ttft_ms"]["p99"] or float("inf"), r["peak_mem_gib"] or 0.0)
+        mem = round((r["peak_mem_gib"] or 0.0) / MEMORY_RESOLUTION_GIB)
+        return (-r["output_tok_s"], r["ttft_ms"]["p99"] or float("inf"), mem)
 
     front = []
     for r in rows:

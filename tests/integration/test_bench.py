@@ -1,0 +1,74 @@
+"""The benchmark harness and vLLM's own client, against the deployed app."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from serve_app.bench.__main__ import main as bench_main
+from serve_app.engine.builtin_model import ensure_builtin
+from tests.integration.conftest import AppServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+WORKLOAD = """
+arrival: {kind: closed, concurrency: 4}
+prompt_tokens: {kind: uniform, min: 20, max: 200}
+output_tokens: {kind: fixed, value: 16}
+slo_mix: {interactive: 1, batch: 1}
+slo_classes: {interactive: {ttft_ms: 5000, tpot_ms: 1000}, batch: {}}
+requests: 12
+duration_s: 120
+"""
+
+
+def test_harness_measures_the_app(app_server: AppServer, tmp_path: Path) -> None:
+    workload = tmp_path / "tiny.yaml"
+    workload.write_text(WORKLOAD)
+    code = bench_main(
+        [
+            "run",
+            "--workload",
+            str(workload),
+            "--target",
+            f"app:{app_server.url}",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert code == 0
+    (row,) = json.loads((tmp_path / "run-tiny.json").read_text())
+    for key in ("target", "requests", "errors", "output_tok_s", "req_s", "goodput_req_s"):
+        assert key in row
+    for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
+        assert set(row[key]) == {"p50", "p90", "p99"} and row[key]["p50"] > 0
+    assert row["requests"] == 12 and row["errors"] == 0
+    assert set(row["slo_attainment"]) == {"interactive", "batch"}
+    assert row["peak_mem_gib"] and row["peak_mem_gib"] > 0.1  # the app's engine processes
+    assert (tmp_path / "run-tiny.png").stat().st_size > 1000
+    assert "| app:" in (tmp_path / "run-tiny.md").read_text()
+
+
+def test_vllm_bench_serve_runs_against_the_app(app_server: AppServer, tmp_path: Path) -> None:
+    tokenizer = ensure_builtin("ernie-4.5-tiny")
+    cmd = [sys.executable, "-m", "serve_app.bench.vllm_cli", "bench", "serve"]
+    cmd += ["--backend", "openai", "--base-url", app_server.url, "--endpoint", "/v1/completions"]
+    cmd += ["--model", "ernie-4.5-tiny", "--tokenizer", str(tokenizer), "--dataset-name", "random"]
+    cmd += ["--random-input-len", "64", "--random-output-len", "16", "--num-prompts", "8"]
+    cmd += [
+        "--max-concurrency",
+        "2",
+        "--ignore-eos",
+        "--save-result",
+        "--result-dir",
+        str(tmp_path),
+    ]
+    cmd += ["--result-filename", "vllm.json"]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=240)
+    result = json.loads((tmp_path / "vllm.json").read_text())
+    assert result["completed"] == 8
+    assert result["median_ttft_ms"] > 0 and result["output_throughput"] > 0
