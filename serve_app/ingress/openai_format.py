@@ -20,6 +20,27 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
+def _object(kind: Kind, stream: bool) -> str:
+    if kind is Kind.CHAT:
+        return "chat.completion.chunk" if stream else "chat.completion"
+    return "text_completion"
+
+
+def _choice(
+    kind: Kind, text: str, finish_reason: str | None, stream: bool, first: bool = False
+) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": 0}
+    if kind is Kind.COMPLETION:
+        choice["text"] = text
+    elif stream:
+        choice["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
+    else:
+        choice["message"] = {"role": "assistant", "content": text}
+    choice["logprobs"] = None
+    choice["finish_reason"] = finish_reason
+    return choice
+
+
 def full_response(
     kind: Kind,
     request_id: str,
@@ -30,23 +51,12 @@ def full_response(
     prompt_tokens: int,
     completion_tokens: int,
 ) -> dict[str, Any]:
-    if kind is Kind.CHAT:
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": None,
-            "finish_reason": finish_reason,
-        }
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        obj = "text_completion"
     return {
         "id": request_id,
-        "object": obj,
+        "object": _object(kind, stream=False),
         "created": created,
         "model": model,
-        "choices": [choice],
+        "choices": [_choice(kind, text, finish_reason, stream=False)],
         "usage": usage(prompt_tokens, completion_tokens),
     }
 
@@ -68,33 +78,24 @@ def chunk_event(
     finish_reason: str | None,
     first: bool,
 ) -> bytes:
-    if kind is Kind.CHAT:
-        delta: dict[str, Any] = {"content": text}
-        if first:
-            delta["role"] = "assistant"
-        choice: dict[str, Any] = {
-            "index": 0,
-            "delta": delta,
-            "logprobs": None,
-            "finish_reason": finish_reason,
-        }
-        obj = "chat.completion.chunk"
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        obj = "text_completion"
     return sse(
-        {"id": request_id, "object": obj, "created": created, "model": model, "choices": [choice]}
+        {
+            "id": request_id,
+            "object": _object(kind, stream=True),
+            "created": created,
+            "model": model,
+            "choices": [_choice(kind, text, finish_reason, stream=True, first=first)],
+        }
     )
 
 
 def usage_event(
     kind: Kind, request_id: str, created: int, model: str, prompt_tokens: int, completion: int
 ) -> bytes:
-    obj = "chat.completion.chunk" if kind is Kind.CHAT else "text_completion"
     return sse(
         {
             "id": request_id,
-            "object": obj,
+            "object": _object(kind, stream=True),
             "created": created,
             "model": model,
             "choices": [],
