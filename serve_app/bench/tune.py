@@ -92,6 +92,7 @@ def write_profile(
     """The base profile with the measured engine arguments as this platform's overrides."""
     data = base.model_dump(mode="json", exclude_none=True, exclude_defaults=False)
     data["name"] = path.stem
+    data["description"] = f"{path.stem}: '{base.name}' tuned by `tune` on {platform} ({workload})."
     data.setdefault("platforms", {}).setdefault(platform, {})
     data["platforms"][platform]["engine"] = {
         **data["platforms"][platform].get("engine", {}),
@@ -150,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-cache-dtype")
     parser.add_argument("--chunked-prefill", help="on,off")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--write-profiles", type=Path, help="directory for tuned-*.yaml")
+    parser.add_argument(
+        "--write-profiles", type=Path, help="directory for tuned-*.yaml (e.g. profiles)"
+    )
     args = parser.parse_args(argv)
     base = load_profile(find_profile(args.profile, profiles_dir()))
     result = asyncio.run(_measure(base, args))

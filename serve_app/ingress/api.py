@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -20,13 +20,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 from ray import serve
-from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from serve_app.constants import READY_RETRY_AFTER_S, STATS_PERIOD_S
 from serve_app.engine.protocol import (
-    EngineDeadError,
-    EngineRequestError,
     GenerationRequest,
     StreamChunk,
 )
@@ -36,15 +33,15 @@ from serve_app.ingress.errors import (
     EngineFailure,
     ModelNotFound,
     ServeError,
-    ServiceUnavailable,
-    SLOUnmeetable,
+    engine_error,
     error_response,
+    reject_error,
 )
 from serve_app.ingress.prompts import PromptRenderer
 from serve_app.ingress.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
 from serve_app.metrics import IngressMetrics, Outcome, outcome_of
 from serve_app.routing.config import RoutingConfig
-from serve_app.routing.policy import Reject, RequestFeatures, RouteTo
+from serve_app.routing.policy import RequestFeatures, RouteTo
 from serve_app.routing.router import Load, Router
 from serve_app.routing.slo import (
     CLASS_HEADER,
@@ -111,27 +108,6 @@ class _Routed:
             "x-route-reason": self.reason,
             "x-request-id": self.request_id,
         }
-
-
-def _reject_error(decision: Reject) -> ServeError:
-    if decision.status == 400:
-        return BadRequest(decision.message, param=decision.param, code=decision.reason.value)
-    if decision.status == 429:
-        return SLOUnmeetable(
-            decision.message, code=decision.reason.value, retry_after_s=decision.retry_after_s
-        )
-    return ServiceUnavailable(
-        decision.message, code=decision.reason.value, retry_after_s=decision.retry_after_s
-    )
-
-
-def _engine_error(e: BaseException) -> ServeError:
-    """Map what a pool call raised (through Ray) to the taxonomy; each kind has its own status."""
-    if isinstance(e, EngineRequestError):
-        return BadRequest(str(e.args[0] if e.args else e))
-    if isinstance(e, EngineDeadError | RayActorError):
-        return ServiceUnavailable("the engine replica serving this request failed", retry_after_s=1)
-    return EngineFailure("the engine failed to generate")
 
 
 @serve.deployment
@@ -271,7 +247,7 @@ class Ingress:
         decision = self._router.decide(features, slo, time.time(), policy, single_pool)
         if not isinstance(decision, RouteTo):
             self._metrics.route("none", decision.reason.value)
-            raise _reject_error(decision)
+            raise reject_error(decision)
         self._metrics.route(decision.pool, decision.reason.value)
         routed = _Routed(
             request_id=f"cmpl-{uuid.uuid4().hex}",
@@ -319,7 +295,7 @@ class Ingress:
         except ServeError:
             raise
         except Exception as e:
-            raise _engine_error(e) from None
+            raise engine_error(e) from None
         model = body.model or self._config.served_model_name
         created = int(time.time())
         if body.stream:
@@ -327,9 +303,12 @@ class Ingress:
             return StreamingResponse(events, media_type="text/event-stream", headers=routed.headers)
         text = [first.text]
         last = first
-        async for chunk in chunks:
-            text.append(chunk.text)
-            last = chunk
+        try:
+            async for chunk in chunks:
+                text.append(chunk.text)
+                last = chunk
+        finally:
+            await chunks.aclose()  # client gone mid-generation: abort now, not at collection
         payload = fmt.full_response(
             kind,
             routed.request_id,
@@ -344,7 +323,7 @@ class Ingress:
 
     async def _track(
         self, routed: _Routed, stream: DeploymentResponseGenerator[StreamChunk]
-    ) -> AsyncIterator[StreamChunk]:
+    ) -> AsyncGenerator[StreamChunk, None]:
         """The pool's chunks, with local load accounting and latency learning around them."""
         first_at: float | None = None
         last: StreamChunk | None = None
@@ -413,7 +392,7 @@ class Ingress:
                 )
         except Exception as e:
             # Headers are sent: the error travels as an event, then the stream ends.
-            err = e if isinstance(e, ServeError) else _engine_error(e)
+            err = e if isinstance(e, ServeError) else engine_error(e)
             logger.warning("request %s failed mid-stream: %s", rid, type(e).__name__)
             yield fmt.sse({"error": {"message": err.message, "type": err.error_type}})
             return

@@ -10,6 +10,10 @@ import math
 from typing import Any
 
 from fastapi.responses import JSONResponse
+from ray.exceptions import RayActorError
+
+from serve_app.engine.protocol import EngineDeadError, EngineRequestError
+from serve_app.routing.policy import Reject
 
 _MAX_MESSAGE_CHARS = 300
 
@@ -83,3 +87,25 @@ def error_response(err: ServeError, headers: dict[str, str] | None = None) -> JS
     if err.retry_after_s is not None:
         all_headers["Retry-After"] = str(max(1, math.ceil(err.retry_after_s)))
     return JSONResponse(error_body(err), status_code=err.status_code, headers=all_headers)
+
+
+def reject_error(decision: Reject) -> ServeError:
+    """A routing refusal as an API error: 400 (length), 429 (SLO / saturated), 503 (no replica)."""
+    if decision.status == 400:
+        return BadRequest(decision.message, param=decision.param, code=decision.reason.value)
+    if decision.status == 429:
+        return SLOUnmeetable(
+            decision.message, code=decision.reason.value, retry_after_s=decision.retry_after_s
+        )
+    return ServiceUnavailable(
+        decision.message, code=decision.reason.value, retry_after_s=decision.retry_after_s
+    )
+
+
+def engine_error(e: BaseException) -> ServeError:
+    """What a pool call raised (through Ray) as an API error; each kind has its own status."""
+    if isinstance(e, EngineRequestError):
+        return BadRequest(str(e.args[0] if e.args else e))
+    if isinstance(e, EngineDeadError | RayActorError):
+        return ServiceUnavailable("the engine replica serving this request failed", retry_after_s=1)
+    return EngineFailure("the engine failed to generate")
