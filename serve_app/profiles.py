@@ -179,7 +179,8 @@ def engine_env(profile: ResolvedProfile) -> dict[str, str]:
     then pin to the same cores. Each engine instead runs as many threads as CPUs it was given.
     """
     if profile.platform is Platform.CUDA:
-        return {}
+        # A process that touched CUDA (platform detection, NVML) cannot fork a CUDA worker.
+        return {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
     threads = max(1, int(profile.pool.num_cpus))
     return {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(threads)}
 
