@@ -69,6 +69,11 @@ def sse(data: dict[str, Any] | str) -> bytes:
 DONE = sse("[DONE]")
 
 
+def _stream_event(kind: Kind, request_id: str, created: int, model: str, **rest: Any) -> bytes:
+    envelope = {"id": request_id, "object": _object(kind, stream=True), "created": created}
+    return sse({**envelope, "model": model, **rest})
+
+
 def chunk_event(
     kind: Kind,
     request_id: str,
@@ -78,27 +83,12 @@ def chunk_event(
     finish_reason: str | None,
     first: bool,
 ) -> bytes:
-    return sse(
-        {
-            "id": request_id,
-            "object": _object(kind, stream=True),
-            "created": created,
-            "model": model,
-            "choices": [_choice(kind, text, finish_reason, stream=True, first=first)],
-        }
-    )
+    choice = _choice(kind, text, finish_reason, stream=True, first=first)
+    return _stream_event(kind, request_id, created, model, choices=[choice])
 
 
 def usage_event(
     kind: Kind, request_id: str, created: int, model: str, prompt_tokens: int, completion: int
 ) -> bytes:
-    return sse(
-        {
-            "id": request_id,
-            "object": _object(kind, stream=True),
-            "created": created,
-            "model": model,
-            "choices": [],
-            "usage": usage(prompt_tokens, completion),
-        }
-    )
+    final = usage(prompt_tokens, completion)
+    return _stream_event(kind, request_id, created, model, choices=[], usage=final)
