@@ -269,11 +269,12 @@ class Ingress:
         max_tokens: int | None,
         request: Request,
     ) -> Response:
-        routed = self._route(ids, max_tokens or self._config.default_max_tokens, request)
+        max_tokens = max_tokens or self._config.default_max_tokens
+        routed = self._route(ids, max_tokens, request)
         gen = GenerationRequest(
             request_id=routed.request_id,
             prompt_token_ids=ids,
-            max_tokens=max_tokens or self._config.default_max_tokens,
+            max_tokens=max_tokens,
             temperature=body.temperature,
             top_p=body.top_p,
             seed=body.seed,
