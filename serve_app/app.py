@@ -49,6 +49,12 @@ class AppArgs(BaseModel):
     served_model_name: str | None = Field(None, description="Model id clients send.")
     default_max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1, description="When none is given.")
     routing: RoutingConfig = Field(default_factory=RoutingConfig, description="SLO routing.")
+    num_gpus_per_replica: float | None = Field(
+        None,
+        ge=0,
+        description="GPUs each engine replica reserves (None: 1 on CUDA, 0 on CPU). On CPU, 1 "
+        "lets `ray start --num-gpus N` simulate GPU placement.",
+    )
 
     @model_validator(mode="after")
     def _unique(self) -> AppArgs:
@@ -63,11 +69,14 @@ def _served_name(model: str) -> str:
     return PurePath(model).name or model
 
 
-def _actor_options(profile: ResolvedProfile) -> dict[str, Any]:
+def _actor_options(profile: ResolvedProfile, num_gpus: float | None) -> dict[str, Any]:
     if profile.platform is Platform.CUDA:
-        return {"num_gpus": 1, "num_cpus": 1}
+        return {"num_gpus": 1 if num_gpus is None else num_gpus, "num_cpus": 1}
     env = engine_env(profile)
-    return {"num_cpus": profile.pool.num_cpus, "runtime_env": {"env_vars": env}}
+    options: dict[str, Any] = {"num_cpus": profile.pool.num_cpus, "runtime_env": {"env_vars": env}}
+    if num_gpus:
+        options["num_gpus"] = num_gpus
+    return options
 
 
 def _autoscaling_config(profile: ResolvedProfile) -> dict[str, Any]:
@@ -88,7 +97,9 @@ def _autoscaling_config(profile: ResolvedProfile) -> dict[str, Any]:
     return config
 
 
-def _pool_deployment(profile: ResolvedProfile, board: Application) -> Application:
+def _pool_deployment(
+    profile: ResolvedProfile, board: Application, num_gpus: float | None
+) -> Application:
     pool = profile.pool
     return (
         cast(Deployment, serve.deployment(EngineReplica))
@@ -96,7 +107,7 @@ def _pool_deployment(profile: ResolvedProfile, board: Application) -> Applicatio
             name=f"pool-{profile.name}",
             max_ongoing_requests=pool.max_ongoing_requests,
             autoscaling_config=_autoscaling_config(profile),
-            ray_actor_options=_actor_options(profile),
+            ray_actor_options=_actor_options(profile, num_gpus),
             health_check_period_s=10,
             health_check_timeout_s=30,
             graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_TIMEOUT_S,
@@ -132,7 +143,7 @@ def build_app(raw_args: dict[str, Any]) -> Application:
         .options(name="pool-state", num_replicas=1, ray_actor_options={"num_cpus": 0})
         .bind(names)
     )
-    pools = {p.name: _pool_deployment(p, board) for p in profiles}
+    pools = {p.name: _pool_deployment(p, board, args.num_gpus_per_replica) for p in profiles}
     model = profiles[0].model
     config = IngressConfig(
         served_model_name=args.served_model_name or _served_name(model),

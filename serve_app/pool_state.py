@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from serve_app.constants import STATS_STALE_AFTER_S
-from serve_app.engine.protocol import ReplicaReport
+from serve_app.engine.protocol import Placement, ReplicaReport
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +28,7 @@ class PoolSnapshot:
     ttft_ms_recent_p50: float | None = None
     tpot_ms_recent_p50: float | None = None
     updated_at: float = 0.0
+    placements: tuple[tuple[str, Placement], ...] = ()  # (replica id, where it runs)
 
     @property
     def ready(self) -> bool:
@@ -65,6 +66,7 @@ def aggregate(
             ttft_ms_recent_p50=_p50([v for r in rs for v in r.ttft_ms_recent]),
             tpot_ms_recent_p50=_p50([v for r in rs for v in r.tpot_ms_recent]),
             updated_at=max((r.reported_at for r in rs), default=0.0),
+            placements=tuple(sorted((r.replica_id, r.placement) for r in rs)),
         )
     return out
 

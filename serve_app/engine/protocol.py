@@ -58,6 +58,15 @@ class EngineStats:
 
 
 @dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a replica runs: its Ray node and the accelerator ids Ray gave it."""
+
+    node_id: str = ""
+    node_ip: str = ""
+    gpu_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ReplicaReport:
     """What a replica publishes about itself on the pool state board."""
 
@@ -68,6 +77,7 @@ class ReplicaReport:
     reported_at: float
     ttft_ms_recent: tuple[float, ...] = field(default=())
     tpot_ms_recent: tuple[float, ...] = field(default=())
+    placement: Placement = field(default_factory=Placement)
 
 
 class Engine(abc.ABC):

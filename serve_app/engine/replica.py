@@ -23,6 +23,7 @@ from serve_app.engine.protocol import (
     Engine,
     EngineStats,
     GenerationRequest,
+    Placement,
     ReplicaReport,
     StreamChunk,
 )
@@ -39,6 +40,19 @@ def _vllm_engine(profile: ResolvedProfile) -> Engine:
     from serve_app.engine.vllm_engine import VLLMEngine  # vLLM imports only where engines run
 
     return VLLMEngine(profile)
+
+
+def _placement() -> Placement:
+    import ray
+
+    if not ray.is_initialized():  # outside Ray (unit tests)
+        return Placement()
+    ctx = ray.get_runtime_context()
+    return Placement(
+        node_id=ctx.get_node_id(),
+        node_ip=ray.util.get_node_ip_address(),
+        gpu_ids=tuple(str(i) for i in ctx.get_accelerator_ids().get("GPU", [])),
+    )
 
 
 class EngineReplica:
@@ -59,6 +73,7 @@ class EngineReplica:
             self._replica_id = serve.get_replica_context().replica_id.unique_id
         except Exception:  # outside Serve (unit tests)
             self._replica_id = "local"
+        self._placement = _placement()
         started = time.monotonic()
         await asyncio.wait_for(self._engine.start(), ENGINE_START_TIMEOUT_S)
         logger.info(
@@ -105,6 +120,7 @@ class EngineReplica:
             reported_at=time.time(),
             ttft_ms_recent=tuple(self._ttft_ms),
             tpot_ms_recent=tuple(self._tpot_ms),
+            placement=self._placement,
         )
 
     async def _report_forever(self) -> None:

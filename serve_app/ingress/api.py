@@ -178,7 +178,18 @@ class Ingress:
                 "max_model_len": view.max_model_len,
                 "ttft_factor": view.model.ttft_factor,
                 "tpot_factor": view.model.tpot_factor,
+                "ttft_ms_recent_p50": snap.ttft_ms_recent_p50,
+                "tpot_ms_recent_p50": snap.tpot_ms_recent_p50,
                 "updated_at": snap.updated_at,
+                "placement": [
+                    {
+                        "replica": rid,
+                        "node_id": p.node_id,
+                        "node_ip": p.node_ip,
+                        "gpu_ids": list(p.gpu_ids),
+                    }
+                    for rid, p in snap.placements
+                ],
             }
         return out
 

@@ -47,3 +47,19 @@ def test_board_keeps_latest_report_per_replica_and_forgets_old_ones() -> None:
     board.report(report("a", "2", waiting=2))
     assert set(board._reports) == {"2"}
     assert board._reports["2"].stats.waiting == 2
+
+
+def test_placements_list_each_live_replica_where_it_runs() -> None:
+    from serve_app.engine.protocol import Placement
+
+    here, there = Placement("n1", "10.0.0.1", ("0",)), Placement("n2", "10.0.0.2", ("1",))
+    snaps = aggregate(
+        ["a"],
+        [
+            report("a", "2", placement=there),
+            report("a", "1", placement=here),
+            report("a", "3", placement=here, reported_at=NOW - 10),  # stale: gone
+        ],
+        NOW,
+    )
+    assert snaps["a"].placements == (("1", here), ("2", there))
