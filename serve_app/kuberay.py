@@ -2,6 +2,7 @@
 
     python -m serve_app.kuberay write   # rewrite the block in cluster/rayservice.yaml
     python -m serve_app.kuberay check   # exit 1 when the file and serve_config.yaml drift
+    python -m serve_app.kuberay export  # print the cluster serve config (for `ray up` clusters)
 
 Only the `serveConfigV2: |` block is rewritten (as text), so the comments of the rest of the
 RayService survive. The cluster's serve config differs from the local one in two keys only: the
@@ -78,10 +79,14 @@ def expected(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m serve_app.kuberay", description=__doc__)
-    parser.add_argument("command", choices=["write", "check"])
+    parser.add_argument("command", choices=["write", "check", "export"])
     parser.add_argument("--rayservice", type=Path, default=RAYSERVICE)
     parser.add_argument("--serve-config", type=Path, default=SERVE_CONFIG)
     args = parser.parse_args(argv)
+    if args.command == "export":
+        local = yaml.safe_load(args.serve_config.read_text())
+        print(yaml.safe_dump(cluster_serve_config(local), sort_keys=False), end="")
+        return 0
     current, wanted = expected(args.rayservice, args.serve_config)
     if args.command == "write":
         args.rayservice.write_text(wanted)

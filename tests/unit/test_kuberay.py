@@ -92,3 +92,9 @@ def test_ray_cluster_launcher_config_is_valid() -> None:
     worker = config["available_node_types"]["gpu-worker"]
     assert worker["resources"]["GPU"] >= 1
     assert config["available_node_types"][config["head_node_type"]]["resources"]["GPU"] == 0
+
+
+def test_export_prints_what_the_rayservice_carries(capsys: pytest.CaptureFixture[str]) -> None:
+    assert kuberay.main(["export"]) == 0
+    exported = yaml.safe_load(capsys.readouterr().out)
+    assert exported == kuberay.serve_config_v2(RAYSERVICE.read_text())
