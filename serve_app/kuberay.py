@@ -68,9 +68,7 @@ def serve_config_v2(rayservice_text: str) -> dict[str, Any]:
     return config
 
 
-def expected(
-    rayservice: Path = RAYSERVICE, serve_config: Path = SERVE_CONFIG
-) -> tuple[str, str]:
+def expected(rayservice: Path = RAYSERVICE, serve_config: Path = SERVE_CONFIG) -> tuple[str, str]:
     """(the file as it is, the file as the generator would write it)."""
     current = rayservice.read_text()
     local = yaml.safe_load(serve_config.read_text())
