@@ -21,6 +21,7 @@ from serve_app.autoscaling import POLICY_PATH
 from serve_app.constants import BUILTIN_PREFIX, DEFAULT_MAX_TOKENS
 from serve_app.engine.replica import EngineReplica
 from serve_app.ingress.api import Ingress, IngressConfig, PoolInfo
+from serve_app.ingress.guard import AuthConfig, LimitsConfig
 from serve_app.pool_state import PoolStateBoard
 from serve_app.profiles import (
     Platform,
@@ -37,6 +38,8 @@ from serve_app.routing.config import RoutingConfig
 
 # LLM streams run for minutes: let a draining replica finish them before it is stopped.
 GRACEFUL_SHUTDOWN_TIMEOUT_S = 300.0
+# Serve replaces a replica after 3 failed checks in a row: a dead engine is gone in ~6 s.
+HEALTH_CHECK_PERIOD_S = 2.0
 
 
 class AppArgs(BaseModel):
@@ -49,6 +52,14 @@ class AppArgs(BaseModel):
     served_model_name: str | None = Field(None, description="Model id clients send.")
     default_max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1, description="When none is given.")
     routing: RoutingConfig = Field(default_factory=RoutingConfig, description="SLO routing.")
+    limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Request limits.")
+    auth: AuthConfig = Field(default_factory=AuthConfig, description="Where API keys come from.")
+    graceful_shutdown_timeout_s: float = Field(
+        GRACEFUL_SHUTDOWN_TIMEOUT_S,
+        ge=0,
+        description="How long a replica being stopped (scale-down, redeploy) may finish its "
+        "in-flight streams; size it for your longest generation.",
+    )
     num_gpus_per_replica: float | None = Field(
         None,
         ge=0,
@@ -97,9 +108,7 @@ def _autoscaling_config(profile: ResolvedProfile) -> dict[str, Any]:
     return config
 
 
-def _pool_deployment(
-    profile: ResolvedProfile, board: Application, num_gpus: float | None
-) -> Application:
+def _pool_deployment(profile: ResolvedProfile, board: Application, args: AppArgs) -> Application:
     pool = profile.pool
     return (
         cast(Deployment, serve.deployment(EngineReplica))
@@ -107,10 +116,10 @@ def _pool_deployment(
             name=f"pool-{profile.name}",
             max_ongoing_requests=pool.max_ongoing_requests,
             autoscaling_config=_autoscaling_config(profile),
-            ray_actor_options=_actor_options(profile, num_gpus),
-            health_check_period_s=10,
+            ray_actor_options=_actor_options(profile, args.num_gpus_per_replica),
+            health_check_period_s=HEALTH_CHECK_PERIOD_S,
             health_check_timeout_s=30,
-            graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_TIMEOUT_S,
+            graceful_shutdown_timeout_s=args.graceful_shutdown_timeout_s,
         )
         .bind(profile, board)
     )
@@ -143,7 +152,7 @@ def build_app(raw_args: dict[str, Any]) -> Application:
         .options(name="pool-state", num_replicas=1, ray_actor_options={"num_cpus": 0})
         .bind(names)
     )
-    pools = {p.name: _pool_deployment(p, board, args.num_gpus_per_replica) for p in profiles}
+    pools = {p.name: _pool_deployment(p, board, args) for p in profiles}
     model = profiles[0].model
     config = IngressConfig(
         served_model_name=args.served_model_name or _served_name(model),
@@ -154,13 +163,15 @@ def build_app(raw_args: dict[str, Any]) -> Application:
         },
         routing=args.routing,
         default_max_tokens=args.default_max_tokens,
+        limits=args.limits,
+        auth=args.auth,
     )
     return (
         cast(Deployment, Ingress)
         .options(
             ray_actor_options={"num_cpus": 0},
             max_ongoing_requests=1024,
-            graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_TIMEOUT_S,
+            graceful_shutdown_timeout_s=args.graceful_shutdown_timeout_s,
         )
         .bind(config, pools, board)
     )

@@ -107,6 +107,13 @@ class PoolSpec(BaseModel):
     upscale_delay_s: float = Field(5.0, ge=0, description="Load must last this long to scale up.")
     downscale_delay_s: float = Field(30.0, ge=0, description="Idle this long to scale down.")
     num_cpus: float = Field(1, gt=0, description="CPUs reserved per replica on a CPU platform.")
+    stream_messages_per_s: float | None = Field(
+        2000,
+        gt=0,
+        description="Message budget of one replica's token streams. With N streams open, each "
+        "sends at most one message per N/budget seconds, carrying every token produced since "
+        "(the first token always goes at once). None: one message per engine step.",
+    )
 
     @model_validator(mode="after")
     def _bounds_ordered(self) -> PoolSpec:

@@ -34,6 +34,9 @@ logger = logging.getLogger("ray.serve")
 
 EngineFactory = Callable[[ResolvedProfile], Engine]
 _RECENT = 64  # latencies kept per replica for the pool snapshot
+# A stream's share of the message budget below this is not worth a timer: an engine step takes
+# longer, so the next output is not ready sooner anyway.
+MIN_COALESCE_S = 0.002
 
 
 def _vllm_engine(profile: ResolvedProfile) -> Engine:
@@ -68,6 +71,8 @@ class EngineReplica:
         self._board = board
         self._engine = engine_factory(profile)
         self._ttft_ms: deque[float] = deque(maxlen=_RECENT)
+        self._streams = 0  # generate() calls in flight
+        self._message_budget = profile.pool.stream_messages_per_s
         self._tpot_ms: deque[float] = deque(maxlen=_RECENT)
         try:
             self._replica_id = serve.get_replica_context().replica_id.unique_id
@@ -86,16 +91,31 @@ class EngineReplica:
         self._reporter = asyncio.get_running_loop().create_task(self._report_forever())
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[StreamChunk]:
-        """Stream the request's output; cancellation (caller gone) aborts it in the engine."""
+        """Stream the request's output; cancellation (caller gone) aborts it in the engine.
+
+        Every message crosses a process boundary, so under load the stream is coalesced: after
+        a message this stream waits its share of the replica's message budget before taking the
+        next output, and the engine merges the deltas produced meanwhile into one (vLLM's DELTA
+        outputs accumulate until read). The first token always goes at once; with few streams
+        the share is shorter than an engine step, so every step goes out as it comes.
+        """
         started = time.perf_counter()
         first_at: float | None = None
         last: StreamChunk | None = None
-        async for chunk in self._engine.generate(request):
-            if first_at is None and chunk.num_tokens:
-                first_at = time.perf_counter()
-                self._ttft_ms.append((first_at - started) * 1e3)
-            last = chunk
-            yield chunk
+        self._streams += 1
+        try:
+            async for chunk in self._engine.generate(request):
+                if first_at is None and chunk.num_tokens:
+                    first_at = time.perf_counter()
+                    self._ttft_ms.append((first_at - started) * 1e3)
+                last = chunk
+                yield chunk
+                if self._message_budget is not None and chunk.finish_reason is None:
+                    gap_s = self._streams / self._message_budget
+                    if gap_s > MIN_COALESCE_S:
+                        await asyncio.sleep(gap_s)
+        finally:
+            self._streams -= 1
         if first_at is not None and last is not None and last.completion_tokens > 1:
             decode_s = time.perf_counter() - first_at
             self._tpot_ms.append(decode_s * 1e3 / (last.completion_tokens - 1))

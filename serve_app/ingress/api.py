@@ -33,9 +33,17 @@ from serve_app.ingress.errors import (
     EngineFailure,
     ModelNotFound,
     ServeError,
+    ServiceUnavailable,
     engine_error,
     error_response,
     reject_error,
+)
+from serve_app.ingress.guard import (
+    AuthConfig,
+    Guard,
+    GuardMiddleware,
+    LimitsConfig,
+    load_api_keys,
 )
 from serve_app.ingress.prompts import PromptRenderer
 from serve_app.ingress.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
@@ -69,9 +77,12 @@ class IngressConfig(BaseModel):
     pools: dict[str, PoolInfo]
     routing: RoutingConfig
     default_max_tokens: int
+    limits: LimitsConfig = LimitsConfig()
+    auth: AuthConfig = AuthConfig()
 
 
 app = FastAPI(title="serve-app", description="SLO-aware OpenAI-compatible LLM endpoint")
+app.add_middleware(GuardMiddleware)
 
 
 @app.exception_handler(ServeError)
@@ -128,6 +139,16 @@ class Ingress:
         )
         self._metrics = IngressMetrics()
         app.state.metrics = self._metrics
+        keys = load_api_keys(config.auth)
+        app.state.guard = Guard(config.limits, keys)
+        if keys:
+            logger.info("API keys: %d configured; requests without a valid key get 401", len(keys))
+        else:
+            logger.warning(
+                "API keys: none configured (set $%s or auth.api_keys_file): the API is open to "
+                "anyone who can reach it",
+                config.auth.api_keys_env,
+            )
         self._refresher = asyncio.get_running_loop().create_task(self._refresh_forever())
 
     async def _refresh_forever(self) -> None:
@@ -237,6 +258,22 @@ class Ingress:
         slo_class = slo_class or request.headers.get(CLASS_HEADER, "")
         self._metrics.request(pool, slo_class, outcome_of(err.status_code))
 
+    def _check_limits(self, prompt_tokens: int, max_tokens: int) -> None:
+        limits = self._config.limits
+        if limits.max_prompt_tokens is not None and prompt_tokens > limits.max_prompt_tokens:
+            raise BadRequest(
+                f"prompt has {prompt_tokens} tokens; this endpoint accepts at most "
+                f"{limits.max_prompt_tokens}",
+                param="input_tokens",
+                code="prompt_too_long",
+            )
+        if limits.max_tokens is not None and max_tokens > limits.max_tokens:
+            raise BadRequest(
+                f"max_tokens {max_tokens} exceeds this endpoint's limit of {limits.max_tokens}",
+                param="max_tokens",
+                code="max_tokens_too_large",
+            )
+
     def _check_model(self, model: str | None) -> None:
         if model is not None and model != self._config.served_model_name:
             raise ModelNotFound(
@@ -281,33 +318,47 @@ class Ingress:
         request: Request,
     ) -> Response:
         max_tokens = max_tokens or self._config.default_max_tokens
-        routed = self._route(ids, max_tokens, request)
-        gen = GenerationRequest(
-            request_id=routed.request_id,
-            prompt_token_ids=ids,
-            max_tokens=max_tokens,
-            temperature=body.temperature,
-            top_p=body.top_p,
-            seed=body.seed,
-            stop=body.stop_sequences(),
-            ignore_eos=body.ignore_eos,
-        )
-        self._router.dispatched(routed.pool)
-        stream = cast(
-            DeploymentResponseGenerator[StreamChunk],
-            self._pools[routed.pool].options(stream=True).generate.remote(gen),
-        )
-        chunks = self._track(routed, stream)
-        try:
-            # Wait for the first chunk before answering, so that a refusal by the engine
-            # still gets its own status code rather than a 200 with an error event.
-            first = await anext(chunks)
-        except StopAsyncIteration:
-            raise EngineFailure("the engine returned no output") from None
-        except ServeError:
-            raise
-        except Exception as e:
-            raise engine_error(e) from None
+        self._check_limits(len(ids), max_tokens)
+        for attempt in range(2):
+            routed = self._route(ids, max_tokens, request)
+            gen = GenerationRequest(
+                request_id=routed.request_id,
+                prompt_token_ids=ids,
+                max_tokens=max_tokens,
+                temperature=body.temperature,
+                top_p=body.top_p,
+                seed=body.seed,
+                stop=body.stop_sequences(),
+                ignore_eos=body.ignore_eos,
+            )
+            self._router.dispatched(routed.pool)
+            stream = cast(
+                DeploymentResponseGenerator[StreamChunk],
+                self._pools[routed.pool].options(stream=True).generate.remote(gen),
+            )
+            chunks = self._track(routed, stream)
+            try:
+                # Wait for the first chunk before answering, so that a refusal by the engine
+                # still gets its own status code rather than a 200 with an error event.
+                first = await anext(chunks)
+                break
+            except StopAsyncIteration:
+                raise EngineFailure("the engine returned no output") from None
+            except ServeError:
+                raise
+            except Exception as e:
+                err = engine_error(e)
+                if attempt or not isinstance(err, ServiceUnavailable):
+                    raise err from None
+                # The replica died (engine or actor) before any output: nothing reached the
+                # client, so route again without it.
+                logger.warning(
+                    "request %s: pool %s replica failed before output (%s); routing again",
+                    routed.request_id,
+                    routed.pool,
+                    type(e).__name__,
+                )
+                self._router.replica_failed(routed.pool, time.time())
         model = body.model or self._config.served_model_name
         created = int(time.time())
         if body.stream:
@@ -390,13 +441,13 @@ class Ingress:
         model: str,
         created: int,
         first: StreamChunk,
-        rest: AsyncIterator[StreamChunk],
+        rest: AsyncGenerator[StreamChunk, None],
         include_usage: bool,
     ) -> AsyncIterator[bytes]:
         rid = routed.request_id
-        yield fmt.chunk_event(kind, rid, created, model, first.text, first.finish_reason, True)
         last = first
         try:
+            yield fmt.chunk_event(kind, rid, created, model, first.text, first.finish_reason, True)
             async for chunk in rest:
                 last = chunk
                 yield fmt.chunk_event(
@@ -408,6 +459,8 @@ class Ingress:
             logger.warning("request %s failed mid-stream: %s", rid, type(e).__name__)
             yield fmt.sse({"error": {"message": err.message, "type": err.error_type}})
             return
+        finally:
+            await rest.aclose()  # client gone (this generator closed): abort the engine now
         if include_usage:
             yield fmt.usage_event(
                 kind, rid, created, model, last.prompt_tokens, last.completion_tokens

@@ -7,9 +7,11 @@ waiting for a first token, or streaming) and uses the larger of the two counts.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from serve_app.constants import STATS_STALE_AFTER_S
 from serve_app.pool_state import PoolSnapshot
 from serve_app.routing.config import Policy, RoutingConfig
 from serve_app.routing.estimator import LatencyModel
@@ -46,6 +48,7 @@ class Router:
         self._local = {name: _Local() for name in pools}
         self._snapshots: dict[str, PoolSnapshot] = {name: PoolSnapshot(name) for name in pools}
         self._turn = 0
+        self._failed: dict[str, list[float]] = {name: [] for name in pools}
 
     def update(self, snapshots: Mapping[str, PoolSnapshot]) -> None:
         for name, snap in snapshots.items():
@@ -56,7 +59,19 @@ class Router:
     def snapshots(self) -> Mapping[str, PoolSnapshot]:
         return self._snapshots
 
-    def views(self) -> list[PoolView]:
+    def replica_failed(self, pool: str, now: float) -> None:
+        """A replica of `pool` failed a request: count it out until the board has noticed
+        (an unhealthy or silent replica leaves the snapshot within STATS_STALE_AFTER_S)."""
+        self._failed[pool].append(now + STATS_STALE_AFTER_S)
+
+    def _replicas(self, name: str, now: float) -> int:
+        failed = self._failed[name]
+        if failed:
+            failed[:] = [t for t in failed if t > now]
+        return max(0, self._snapshots[name].replicas - len(failed))
+
+    def views(self, now: float | None = None) -> list[PoolView]:
+        now = time.time() if now is None else now
         views = []
         for name, snap in self._snapshots.items():
             local = self._local[name]
@@ -64,7 +79,7 @@ class Router:
                 PoolView(
                     name=name,
                     max_model_len=self._max_len[name],
-                    replicas=snap.replicas,
+                    replicas=self._replicas(name, now),
                     waiting=max(snap.waiting, local.waiting),
                     running=max(snap.running, local.running),
                     model=self._models[name],
@@ -82,10 +97,10 @@ class Router:
         single_pool: str | None = None,
     ) -> Decision:
         if policy is Policy.SLO:
-            return decide(features, slo, self.views(), self._config, now)
+            return decide(features, slo, self.views(now), self._config, now)
         self._turn += 1
         only = single_pool if policy is Policy.SINGLE else None
-        return decide_plain(features, self.views(), now, self._turn, only)
+        return decide_plain(features, self.views(now), now, self._turn, only)
 
     def load_of(self, pool: str) -> Load:
         view = next(v for v in self.views() if v.name == pool)

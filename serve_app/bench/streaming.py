@@ -1,0 +1,296 @@
+"""The app against `vllm serve`, same engine arguments, same client (`vllm bench serve`).
+
+    python -m serve_app.bench.streaming --profile low-latency --concurrency 1,4,64,256 \\
+        --num-prompts 400 --repeats 2 --out docs/results/streaming/cpu
+
+Starts both servers on 127.0.0.1 from one profile resolved for this machine's platform: `vllm serve`
+with the profile's engine arguments as flags, and the app (`serve-app run`) with that profile as
+its only pool. Then, per concurrency and repeat, runs `vllm bench serve` against each in turn
+(alternating which goes first) and prints output tok/s and TTFT/TPOT of both with the ratios.
+The app's routing stays on the path (class `batch`: no SLO, so nothing is refused).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from serve_app.app import _served_name
+from serve_app.cli import wait_ready
+from serve_app.profiles import (
+    ResolvedProfile,
+    detect_platform,
+    engine_env,
+    find_profile,
+    load_profile,
+    profiles_dir,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+LOOPBACK = "127.0.0.1"
+METRICS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms")
+
+
+def vllm_serve_flags(profile: ResolvedProfile) -> list[str]:
+    """The profile's engine arguments as `vllm serve` flags (booleans as --x / --no-x)."""
+    flags = []
+    for key, value in profile.engine.to_vllm_kwargs().items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + flag[2:])
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def _bench_profile(profile_path: Path, out_dir: Path) -> Path:
+    """The profile with its pool fixed at one replica that takes every request at once."""
+    raw = yaml.safe_load(profile_path.read_text())
+    raw["pool"] = {
+        **raw.get("pool", {}),
+        "min_replicas": 1,
+        "max_replicas": 1,
+        "max_ongoing_requests": 4096,
+        "target_waiting_per_replica": None,
+    }
+    path = out_dir / profile_path.name
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def _app_config(profile: str, profiles: Path, port: int) -> dict[str, Any]:
+    config: dict[str, Any] = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    config["http_options"]["port"] = port
+    args = config["applications"][0]["args"]
+    args["profiles"] = [profile]
+    args["profiles_dir"] = str(profiles)
+    args["routing"]["default_class"] = "batch"
+    args["routing"]["max_waiting_per_replica"] = 100_000
+    args["routing"]["priors"] = {k: v for k, v in args["routing"]["priors"].items() if k == profile}
+    return config
+
+
+@dataclass
+class Server:
+    name: str
+    url: str
+    proc: subprocess.Popen[bytes]
+
+
+def _wait_health(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before {url} was ready")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"{url} not healthy in {timeout_s} s")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextmanager
+def servers(
+    profile_name: str, ports: tuple[int, int, int, int], log_dir: Path, app_env: dict[str, str]
+) -> Iterator[tuple[Server, Server, ResolvedProfile]]:
+    from serve_app.engine.builtin_model import resolve_model
+
+    vllm_port, app_port, dashboard_port, metrics_port = ports
+    source = find_profile(profile_name, profiles_dir())
+    profiles = Path(tempfile.mkdtemp(prefix="bench-profiles-"))
+    bench_path = _bench_profile(source, profiles)
+    profile = load_profile(bench_path).resolve(detect_platform())
+    model = resolve_model(profile.model)
+    env = {**os.environ, **engine_env(profile)}
+    vllm_cmd = [
+        sys.executable, "-m", "serve_app.bench.vllm_cli", "serve", model,
+        "--host", LOOPBACK, "--port", str(vllm_port),
+        "--served-model-name", _served_name(profile.model),
+        *vllm_serve_flags(profile),
+    ]  # fmt: skip
+    config_path = profiles / "serve_config.yaml"
+    config_path.write_text(yaml.safe_dump(_app_config(profile.name, profiles, app_port)))
+    app_cmd = [
+        sys.executable, "-m", "serve_app", "run", str(config_path), "--port", str(app_port),
+        "--dashboard-port", str(dashboard_port), "--metrics-port", str(metrics_port),
+    ]  # fmt: skip
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with (log_dir / "vllm-serve.log").open("wb") as vlog, (log_dir / "app.log").open("wb") as alog:
+        vllm = subprocess.Popen(vllm_cmd, env=env, stdout=vlog, stderr=subprocess.STDOUT)
+        app = subprocess.Popen(
+            app_cmd, env={**os.environ, **app_env}, stdout=alog, stderr=subprocess.STDOUT
+        )
+        try:
+            _wait_health(f"http://{LOOPBACK}:{vllm_port}", vllm, 900)
+            wait_ready(f"http://{LOOPBACK}:{app_port}", 900)
+            yield (
+                Server("vllm serve", f"http://{LOOPBACK}:{vllm_port}", vllm),
+                Server("app", f"http://{LOOPBACK}:{app_port}", app),
+                profile,
+            )
+        finally:
+            _stop(app)
+            _stop(vllm)
+
+
+def bench_once(
+    server: Server, model: str, tokenizer: str, args: argparse.Namespace, conc: int, out: Path
+) -> dict[str, Any]:
+    name = f"{server.name.replace(' ', '-')}-c{conc}-{int(time.time() * 1e3)}.json"
+    cmd = [
+        sys.executable, "-m", "serve_app.bench.vllm_cli", "bench", "serve",
+        "--backend", "openai", "--base-url", server.url, "--endpoint", "/v1/completions",
+        "--model", model, "--tokenizer", tokenizer, "--dataset-name", "random",
+        "--random-input-len", str(args.input_len), "--random-range-ratio", str(args.range_ratio),
+        "--random-output-len", str(args.output_len),
+        "--num-prompts", str(max(args.num_prompts, 2 * conc)), "--max-concurrency", str(conc),
+        "--ignore-eos", "--temperature", "0", "--seed", str(args.seed),
+        "--save-result", "--result-dir", str(out), "--result-filename", name,
+    ]  # fmt: skip
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=args.run_timeout_s)
+    result = json.loads((out / name).read_text())
+    (out / name).unlink()  # the summary keeps what matters; raw per-request lists are large
+    return {k: result[k] for k in (*METRICS, "completed", "total_output_tokens", "duration")}
+
+
+def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per concurrency: means of both targets and the paired ratios app / vllm serve."""
+    out = []
+    for conc in sorted({r["concurrency"] for r in rows}):
+        pairs = [r for r in rows if r["concurrency"] == conc]
+        app = [r for r in pairs if r["target"] == "app"]
+        ref = [r for r in pairs if r["target"] == "vllm serve"]
+        ratios = [
+            a["output_throughput"] / v["output_throughput"]
+            for a, v in zip(app, ref, strict=True)
+            if v["output_throughput"]
+        ]
+        out.append(
+            {
+                "concurrency": conc,
+                "vllm_tok_s": statistics.mean(r["output_throughput"] for r in ref),
+                "app_tok_s": statistics.mean(r["output_throughput"] for r in app),
+                "tok_s_ratio": statistics.mean(ratios),
+                "tok_s_ratio_min": min(ratios),
+                "vllm_ttft_p50_ms": statistics.mean(r["median_ttft_ms"] for r in ref),
+                "app_ttft_p50_ms": statistics.mean(r["median_ttft_ms"] for r in app),
+                "ttft_p50_delta_ms": statistics.mean(
+                    a["median_ttft_ms"] - v["median_ttft_ms"] for a, v in zip(app, ref, strict=True)
+                ),
+                "vllm_tpot_p50_ms": statistics.mean(r["median_tpot_ms"] for r in ref),
+                "app_tpot_p50_ms": statistics.mean(r["median_tpot_ms"] for r in app),
+            }
+        )
+    return out
+
+
+def table(summary: list[dict[str, Any]]) -> str:
+    lines = [
+        "| conc | vllm serve tok/s | app tok/s | ratio (min) | TTFT p50 vllm / app ms | Δ ms "
+        "| TPOT p50 vllm / app ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for s in summary:
+        lines.append(
+            f"| {s['concurrency']} | {s['vllm_tok_s']:,.0f} | {s['app_tok_s']:,.0f} "
+            f"| {s['tok_s_ratio']:.3f} ({s['tok_s_ratio_min']:.3f}) "
+            f"| {s['vllm_ttft_p50_ms']:.1f} / {s['app_ttft_p50_ms']:.1f} "
+            f"| {s['ttft_p50_delta_ms']:+.1f} "
+            f"| {s['vllm_tpot_p50_ms']:.2f} / {s['app_tpot_p50_ms']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def _env_pairs(items: list[str]) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in items)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m serve_app.bench.streaming", description=__doc__
+    )
+    parser.add_argument("--profile", default="low-latency")
+    parser.add_argument("--concurrency", default="1,4,64,256")
+    parser.add_argument("--num-prompts", type=int, default=200, help="at least 2x concurrency")
+    parser.add_argument("--input-len", type=int, default=165)
+    parser.add_argument("--range-ratio", type=float, default=0.8, help="165±80%%: 33-297 tokens")
+    parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--run-timeout-s", type=float, default=600)
+    parser.add_argument("--app-env", action="append", default=[], help="KEY=VALUE for the app")
+    parser.add_argument("--ports", default="18001,18002,18265,18080")
+    parser.add_argument("--out", type=Path, default=Path("docs/results/streaming/latest"))
+    args = parser.parse_args(argv)
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    vllm_port, app_port, dashboard_port, metrics_port = (int(p) for p in args.ports.split(","))
+    ports = (vllm_port, app_port, dashboard_port, metrics_port)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    started = time.time()
+    with servers(args.profile, ports, args.out / "logs", _env_pairs(args.app_env)) as (
+        vllm,
+        app,
+        profile,
+    ):
+        from serve_app.engine.builtin_model import resolve_model
+
+        model, tokenizer = _served_name(profile.model), resolve_model(profile.model)
+        for server in (vllm, app):  # warm-up: first requests compile and fill caches
+            bench_once(server, model, tokenizer, args, 4, args.out)
+        for conc in concurrencies:
+            for rep in range(args.repeats):
+                order = (vllm, app) if rep % 2 == 0 else (app, vllm)
+                for server in order:
+                    row = bench_once(server, model, tokenizer, args, conc, args.out)
+                    rows.append({"target": server.name, "concurrency": conc, "repeat": rep, **row})
+                    print(
+                        f"c={conc} rep={rep} {server.name:>10}: "
+                        f"{row['output_throughput']:,.0f} tok/s, "
+                        f"TTFT p50 {row['median_ttft_ms']:.1f} ms",
+                        flush=True,
+                    )
+    summary = summarize(rows)
+    report = {
+        "profile": profile.model_dump(mode="json"),
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "app_env": _env_pairs(args.app_env),
+        "started": started,
+        "rows": rows,
+        "summary": summary,
+    }
+    (args.out / "streaming.json").write_text(json.dumps(report, indent=2))
+    (args.out / "streaming.md").write_text(table(summary) + "\n")
+    print(table(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""What every request passes before the API sees it: header and body size limits, API keys.
+
+A pure ASGI middleware (no per-request task or body copy), so the cost on the streaming path is a
+few comparisons. Refusals are OpenAI-shaped like every other error (errors.py).
+
+API keys come from an environment variable (comma-separated) and/or a mounted file (one key per
+line, `#` comments), named in serve_config.yaml; the config names where keys live, never the keys.
+Keys are compared in constant time against every configured key. Probes (/health, /ready) stay
+open so orchestrators need no key.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+from collections.abc import Awaitable, Callable, MutableMapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from serve_app.ingress.errors import ServeError, error_body
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+OPEN_PATHS = frozenset({"/health", "/ready", "/-/healthz", "/-/routes"})
+
+
+class Unauthorized(ServeError):
+    status_code = 401
+    error_type = "authentication_error"
+
+
+class PayloadTooLarge(ServeError):
+    status_code = 413
+    error_type = "invalid_request_error"
+
+
+class HeadersTooLarge(ServeError):
+    status_code = 431
+    error_type = "invalid_request_error"
+
+
+class AuthConfig(BaseModel):
+    """Where API keys come from (serve_config.yaml `args.auth`). No keys: the API is open."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    api_keys_env: str | None = Field(
+        "SERVE_APP_API_KEYS", description="Environment variable with comma-separated keys."
+    )
+    api_keys_file: str | None = Field(None, description="File with one key per line.")
+
+
+class LimitsConfig(BaseModel):
+    """Request size limits (serve_config.yaml `args.limits`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="Largest request body.")
+    max_header_bytes: int = Field(16 << 10, ge=1024, description="Largest sum of header sizes.")
+    max_prompt_tokens: int | None = Field(
+        None, ge=1, description="Longest prompt in tokens (None: the longest pool context)."
+    )
+    max_tokens: int | None = Field(
+        None, ge=1, description="Largest max_tokens a request may ask (None: the context's room)."
+    )
+
+
+def load_api_keys(config: AuthConfig, environ: MutableMapping[str, str] = os.environ) -> list[str]:
+    """Every configured key, stripped; empty when none is configured."""
+    keys: list[str] = []
+    if config.api_keys_env and environ.get(config.api_keys_env):
+        keys += [k.strip() for k in environ[config.api_keys_env].split(",")]
+    if config.api_keys_file:
+        for line in Path(config.api_keys_file).read_text().splitlines():
+            line = line.strip()
+            if line and not line.startswith("#"):
+                keys.append(line)
+    return [k for k in keys if k]
+
+
+def key_matches(presented: bytes, keys: list[bytes]) -> bool:
+    """Constant time in the presented key; every configured key is compared (no early exit)."""
+    found = False
+    for key in keys:
+        found |= hmac.compare_digest(presented, key)
+    return found
+
+
+class Guard:
+    """The limits and keys in force; `check` is the whole per-request decision."""
+
+    def __init__(self, limits: LimitsConfig, api_keys: list[str]) -> None:
+        self.limits = limits
+        self._keys = [k.encode() for k in api_keys]
+
+    @property
+    def open(self) -> bool:
+        return not self._keys
+
+    def check(self, path: str, headers: list[tuple[bytes, bytes]]) -> ServeError | None:
+        if sum(len(k) + len(v) for k, v in headers) > self.limits.max_header_bytes:
+            return HeadersTooLarge(
+                f"request headers exceed {self.limits.max_header_bytes} bytes",
+                code="headers_too_large",
+            )
+        if self._keys and path not in OPEN_PATHS:
+            auth = next((v for k, v in headers if k == b"authorization"), b"")
+            scheme, _, token = auth.partition(b" ")
+            if scheme.lower() != b"bearer" or not key_matches(token.strip(), self._keys):
+                return Unauthorized(
+                    "missing or invalid API key: send 'Authorization: Bearer <key>'",
+                    code="invalid_api_key",
+                )
+        length = next((v for k, v in headers if k == b"content-length"), None)
+        if length is not None and length.isdigit() and int(length) > self.limits.max_body_bytes:
+            return _too_large(self.limits.max_body_bytes)
+        return None
+
+
+class GuardMiddleware:
+    """ASGI middleware applying the app's Guard (app.state.guard, set when the ingress starts)
+    before routing and body parsing; without one (not started yet) requests pass untouched."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        guard: Guard | None = getattr(scope["app"].state, "guard", None) if "app" in scope else None
+        if scope["type"] != "http" or guard is None:
+            await self.app(scope, receive, send)
+            return
+        refusal = guard.check(scope["path"], scope["headers"])
+        if refusal is not None:
+            await _respond(send, refusal)
+            return
+        await self.app(scope, _bounded(receive, guard.limits.max_body_bytes), send)
+
+
+def _bounded(receive: Receive, limit: int) -> Receive:
+    """receive() that fails once the body read so far passes the limit (chunked bodies)."""
+    seen = 0
+
+    async def bounded_receive() -> Message:
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise _too_large(limit)
+        return message
+
+    return bounded_receive
+
+
+def _too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"request body exceeds {limit} bytes", code="body_too_large")
+
+
+async def _respond(send: Send, err: ServeError) -> None:
+    body = json.dumps(error_body(err)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if isinstance(err, Unauthorized):
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": err.status_code, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,119 @@
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from serve_app.ingress.guard import (
+    AuthConfig,
+    Guard,
+    GuardMiddleware,
+    LimitsConfig,
+    key_matches,
+    load_api_keys,
+)
+
+
+def test_keys_from_env_and_file(tmp_path: Path) -> None:
+    keyfile = tmp_path / "keys"
+    keyfile.write_text("# rotated 2026-11\nk-file-1\n\n  k-file-2  \n")
+    config = AuthConfig(api_keys_env="KEYS", api_keys_file=str(keyfile))
+    assert load_api_keys(config, {"KEYS": "k1, k2,,"}) == ["k1", "k2", "k-file-1", "k-file-2"]
+    assert load_api_keys(AuthConfig(), {}) == []
+
+
+def test_key_matching_compares_whole_keys() -> None:
+    keys = [b"alpha-key", b"beta-key"]
+    assert key_matches(b"beta-key", keys)
+    assert not key_matches(b"beta", keys)
+    assert not key_matches(b"beta-key2", keys)
+    assert not key_matches(b"", keys)
+
+
+def headers(**kv: str) -> list[tuple[bytes, bytes]]:
+    return [(k.replace("_", "-").encode(), v.encode()) for k, v in kv.items()]
+
+
+@pytest.mark.parametrize(
+    ("path", "hdrs", "status"),
+    [
+        ("/v1/completions", {}, 401),
+        ("/v1/completions", {"authorization": "Bearer wrong"}, 401),
+        ("/v1/completions", {"authorization": "Basic k1"}, 401),
+        ("/v1/completions", {"authorization": "Bearer k1"}, None),
+        ("/v1/models", {"authorization": "bearer  k2"}, None),
+        ("/pools", {}, 401),
+        ("/health", {}, None),
+        ("/ready", {}, None),
+        ("/v1/completions", {"authorization": "Bearer k1", "content_length": "2000000"}, 413),
+        ("/v1/completions", {"authorization": "Bearer k1", "x_big": "x" * 20_000}, 431),
+    ],
+)
+def test_check(path: str, hdrs: dict[str, str], status: int | None) -> None:
+    guard = Guard(LimitsConfig(), ["k1", "k2"])
+    refusal = guard.check(path, headers(**hdrs))
+    assert (refusal.status_code if refusal else None) == status
+
+
+def test_without_keys_everything_is_open() -> None:
+    guard = Guard(LimitsConfig(), [])
+    assert guard.open
+    assert guard.check("/v1/completions", []) is None
+
+
+class _App:
+    """A stand-in ASGI app that reads the whole body."""
+
+    def __init__(self) -> None:
+        self.state = type("State", (), {})()
+        self.body = b""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            self.body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+async def _call(app: _App, scope_headers: list[tuple[bytes, bytes]], chunks: list[bytes]) -> Any:
+    sent: list[dict[str, Any]] = []
+    queue = [
+        {"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
+        for i, c in enumerate(chunks)
+    ]
+
+    async def receive() -> dict[str, Any]:
+        return queue.pop(0)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "path": "/v1/completions", "headers": scope_headers, "app": app}
+    await GuardMiddleware(app)(scope, receive, send)
+    return sent
+
+
+async def test_middleware_refuses_with_an_openai_body() -> None:
+    app = _App()
+    app.state.guard = Guard(LimitsConfig(), ["k1"])  # type: ignore[attr-defined]
+    sent = await _call(app, [], [b"{}"])
+    assert sent[0]["status"] == 401
+    assert (b"www-authenticate", b"Bearer") in sent[0]["headers"]
+    body = json.loads(sent[1]["body"])
+    assert body["error"]["code"] == "invalid_api_key"
+    assert body["error"]["type"] == "authentication_error"
+    assert app.body == b""  # the app never ran
+
+
+async def test_middleware_bounds_chunked_bodies() -> None:
+    from serve_app.ingress.guard import PayloadTooLarge
+
+    app = _App()
+    app.state.guard = Guard(LimitsConfig(max_body_bytes=1024), [])  # type: ignore[attr-defined]
+    with pytest.raises(PayloadTooLarge):
+        await _call(app, [], [b"x" * 600, b"x" * 600])
+    ok = await _call(app, [], [b"x" * 600, b"x" * 400])
+    assert ok[0]["status"] == 200
