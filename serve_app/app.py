@@ -9,7 +9,7 @@ fails `serve deploy` with a message instead of a replica crash loop.
 
 from __future__ import annotations
 
-from pathlib import PurePath
+from pathlib import Path, PurePath
 from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -145,6 +145,8 @@ def build_app(raw_args: dict[str, Any]) -> Application:
         args = AppArgs.model_validate(raw_args)
     except ValidationError as e:
         raise ProfileError(f"serve_config args: {_format_validation_error(e)}") from None
+    if args.auth.api_keys_file and not Path(args.auth.api_keys_file).is_file():
+        raise ProfileError(f"auth.api_keys_file {args.auth.api_keys_file} does not exist")
     profiles = resolve_profiles(args, detect_platform())
     names = [p.name for p in profiles]
     board = (

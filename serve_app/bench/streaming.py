@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import yaml
 
 from serve_app.app import _served_name
@@ -160,6 +161,47 @@ def servers(
             _stop(vllm)
 
 
+ROLES = (
+    ("ProxyActor", "serve proxy"),
+    ("ServeReplica:llm:Ingress", "ingress"),
+    ("ServeReplica:llm:pool-state", "pool-state board"),
+    ("ServeReplica:llm:pool-", "pool replica"),
+    ("EngineCore", "engine core"),
+    ("VLLM::Worker", "engine worker"),
+    ("gcs_server", "ray control"),
+    ("raylet", "ray control"),
+    ("dashboard", "ray control"),
+)
+
+
+def _role(proc: psutil.Process, root: int) -> str:
+    if proc.pid == root:
+        return "driver / api server"
+    try:
+        title = " ".join(proc.cmdline()) or proc.name()
+    except psutil.Error:
+        return "other"
+    return next((role for key, role in ROLES if key in title), "other")
+
+
+def cpu_seconds(root: int) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by each role of the process tree under root."""
+    totals: dict[str, float] = {}
+    try:
+        top = psutil.Process(root)
+        procs = [top, *top.children(recursive=True)]
+    except psutil.Error:
+        return totals
+    for p in procs:
+        try:
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        role = _role(p, root)
+        totals[role] = totals.get(role, 0.0) + t.user + t.system
+    return totals
+
+
 def bench_once(
     server: Server, model: str, tokenizer: str, args: argparse.Namespace, conc: int, out: Path
 ) -> dict[str, Any]:
@@ -174,10 +216,19 @@ def bench_once(
         "--ignore-eos", "--temperature", "0", "--seed", str(args.seed),
         "--save-result", "--result-dir", str(out), "--result-filename", name,
     ]  # fmt: skip
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=args.run_timeout_s)
+    cpu_before = cpu_seconds(server.proc.pid)
+    with (out / "logs" / "vllm-bench.log").open("ab") as log:
+        subprocess.run(cmd, check=True, stdout=log, stderr=log, timeout=args.run_timeout_s)
+    cpu_after = cpu_seconds(server.proc.pid)
     result = json.loads((out / name).read_text())
     (out / name).unlink()  # the summary keeps what matters; raw per-request lists are large
-    return {k: result[k] for k in (*METRICS, "completed", "total_output_tokens", "duration")}
+    row = {k: result[k] for k in (*METRICS, "completed", "total_output_tokens", "duration")}
+    # Where the CPU went during the run, per role of the server's process tree (CPU s per s).
+    row["cpu_cores_by_role"] = {
+        role: round((cpu_after[role] - cpu_before.get(role, 0.0)) / result["duration"], 3)
+        for role in cpu_after
+    }
+    return row
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -271,10 +322,11 @@ def main(argv: list[str] | None = None) -> int:
                 for server in order:
                     row = bench_once(server, model, tokenizer, args, conc, args.out)
                     rows.append({"target": server.name, "concurrency": conc, "repeat": rep, **row})
+                    cpu = ", ".join(f"{k} {v:.2f}" for k, v in row["cpu_cores_by_role"].items())
                     print(
                         f"c={conc} rep={rep} {server.name:>10}: "
                         f"{row['output_throughput']:,.0f} tok/s, "
-                        f"TTFT p50 {row['median_ttft_ms']:.1f} ms",
+                        f"TTFT p50 {row['median_ttft_ms']:.1f} ms; CPU cores: {cpu}",
                         flush=True,
                     )
     summary = summarize(rows)

@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 from ray import serve
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serve_app.constants import READY_RETRY_AFTER_S, STATS_PERIOD_S
 from serve_app.engine.protocol import (
@@ -32,6 +33,7 @@ from serve_app.ingress.errors import (
     BadRequest,
     EngineFailure,
     ModelNotFound,
+    NotFound,
     ServeError,
     ServiceUnavailable,
     engine_error,
@@ -43,7 +45,6 @@ from serve_app.ingress.guard import (
     Guard,
     GuardMiddleware,
     LimitsConfig,
-    load_api_keys,
 )
 from serve_app.ingress.prompts import PromptRenderer
 from serve_app.ingress.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
@@ -96,10 +97,21 @@ async def _validation_error(request: Request, err: RequestValidationError) -> JS
     if metrics is not None:
         metrics.request("none", request.headers.get(CLASS_HEADER, ""), Outcome.CLIENT_ERROR)
     first = err.errors()[0] if err.errors() else {"loc": (), "msg": "invalid request"}
+    if first.get("type") == "json_invalid":  # loc is (body, byte offset): no parameter to name
+        return error_response(BadRequest("body: invalid JSON", code="invalid_json"))
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = loc[0] if loc else None
     where = ".".join(loc) or "body"
     return error_response(BadRequest(f"{where}: {first.get('msg', 'invalid')}", param=param))
+
+
+@app.exception_handler(StarletteHTTPException)
+async def _http_error(_: Request, err: StarletteHTTPException) -> JSONResponse:
+    """Framework errors (unknown path, wrong method) in the same OpenAI shape as ours."""
+    kind = NotFound if err.status_code == 404 else BadRequest
+    error = kind(str(err.detail)[:200], code=f"http_{err.status_code}")
+    error.status_code = err.status_code
+    return error_response(error, dict(err.headers or {}))
 
 
 @dataclass(slots=True)
@@ -131,7 +143,19 @@ class Ingress:
         board: DeploymentHandle[Any],
     ) -> None:
         self._config = config
-        self._pools = pools
+        # Token streams from the pools travel over Serve's gRPC transport (a message per chunk
+        # on one gRPC stream) rather than as Ray objects (an object, its ownership bookkeeping
+        # and a task event per chunk), pickled with the standard pickler: chunks are plain
+        # slotted dataclasses.
+        self._pools = {
+            name: handle.options(
+                stream=True,
+                _by_reference=False,
+                request_serialization="pickle",
+                response_serialization="pickle",
+            )
+            for name, handle in pools.items()
+        }
         self._board = board
         self._renderer = await asyncio.to_thread(PromptRenderer, config.model)
         self._router = Router(
@@ -139,10 +163,12 @@ class Ingress:
         )
         self._metrics = IngressMetrics()
         app.state.metrics = self._metrics
-        keys = load_api_keys(config.auth)
-        app.state.guard = Guard(config.limits, keys)
-        if keys:
-            logger.info("API keys: %d configured; requests without a valid key get 401", len(keys))
+        guard = Guard(config.limits, config.auth)
+        app.state.guard = guard
+        if guard.key_count:
+            logger.info(
+                "API keys: %d configured; requests without a valid key get 401", guard.key_count
+            )
         else:
             logger.warning(
                 "API keys: none configured (set $%s or auth.api_keys_file): the API is open to "
@@ -334,7 +360,7 @@ class Ingress:
             self._router.dispatched(routed.pool)
             stream = cast(
                 DeploymentResponseGenerator[StreamChunk],
-                self._pools[routed.pool].options(stream=True).generate.remote(gen),
+                self._pools[routed.pool].generate.remote(gen),
             )
             chunks = self._track(routed, stream)
             try:

@@ -44,9 +44,13 @@ class BadRequest(ServeError):
     error_type = "invalid_request_error"
 
 
-class ModelNotFound(ServeError):
+class NotFound(ServeError):
     status_code = 404
     error_type = "not_found_error"
+
+
+class ModelNotFound(NotFound):
+    pass
 
 
 class SLOUnmeetable(ServeError):

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 import os
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,9 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
+logger = logging.getLogger("ray.serve")
+
+KEY_FILE_CHECK_S = 1.0
 OPEN_PATHS = frozenset({"/health", "/ready", "/-/healthz", "/-/routes"})
 
 
@@ -63,7 +68,7 @@ class LimitsConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_body_bytes: int = Field(1 << 20, ge=1024, description="Largest request body.")
-    max_header_bytes: int = Field(16 << 10, ge=1024, description="Largest sum of header sizes.")
+    max_header_bytes: int = Field(8 << 10, ge=1024, description="Largest sum of header sizes.")
     max_prompt_tokens: int | None = Field(
         None, ge=1, description="Longest prompt in tokens (None: the longest pool context)."
     )
@@ -94,17 +99,51 @@ def key_matches(presented: bytes, keys: list[bytes]) -> bool:
 
 
 class Guard:
-    """The limits and keys in force; `check` is the whole per-request decision."""
+    """The limits and keys in force; `check` is the whole per-request decision.
 
-    def __init__(self, limits: LimitsConfig, api_keys: list[str]) -> None:
+    A key file is read again when it changes (checked at most once a second), so keys rotate
+    without a redeploy; if it disappears, the keys last read stay in force.
+    """
+
+    def __init__(
+        self,
+        limits: LimitsConfig,
+        auth: AuthConfig,
+        environ: MutableMapping[str, str] = os.environ,
+    ) -> None:
         self.limits = limits
-        self._keys = [k.encode() for k in api_keys]
+        self._auth = auth
+        self._environ = environ
+        self._file = Path(auth.api_keys_file) if auth.api_keys_file else None
+        if self._file is not None and not self._file.is_file():
+            raise FileNotFoundError(f"auth.api_keys_file {auth.api_keys_file} does not exist")
+        self._mtime = self._file_mtime()
+        self._checked_at = time.monotonic()
+        self._keys = [k.encode() for k in load_api_keys(auth, environ)]
 
     @property
-    def open(self) -> bool:
-        return not self._keys
+    def key_count(self) -> int:
+        return len(self._keys)
+
+    def _file_mtime(self) -> float | None:
+        try:
+            return self._file.stat().st_mtime_ns if self._file else None
+        except OSError:
+            return None
+
+    def _refresh(self) -> None:
+        now = time.monotonic()
+        if self._file is None or now - self._checked_at < KEY_FILE_CHECK_S:
+            return
+        self._checked_at = now
+        mtime = self._file_mtime()
+        if mtime is not None and mtime != self._mtime:
+            self._mtime = mtime
+            self._keys = [k.encode() for k in load_api_keys(self._auth, self._environ)]
+            logger.info("API keys reloaded from the key file: %d configured", len(self._keys))
 
     def check(self, path: str, headers: list[tuple[bytes, bytes]]) -> ServeError | None:
+        self._refresh()
         if sum(len(k) + len(v) for k, v in headers) > self.limits.max_header_bytes:
             return HeadersTooLarge(
                 f"request headers exceed {self.limits.max_header_bytes} bytes",

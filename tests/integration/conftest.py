@@ -41,6 +41,7 @@ class AppServer:
     dashboard_url: str
     metrics_port: int
     config: dict[str, Any]
+    api_keys_file: Path
     ready_seen: list[tuple[int, dict[str, str], str]] = field(default_factory=list)
 
     def client(self, **kwargs: Any) -> httpx.Client:
@@ -83,7 +84,7 @@ def _wait_ready(server: AppServer) -> None:
 
 
 @pytest.fixture(scope="session")
-def app_server() -> Iterator[AppServer]:
+def app_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppServer]:
     import ray
     from ray import serve
 
@@ -94,11 +95,16 @@ def app_server() -> Iterator[AppServer]:
     )
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     config["http_options"]["port"] = http_port
+    # An empty key file: the API is open until a test writes keys into it (they reload live).
+    api_keys_file = tmp_path_factory.mktemp("auth") / "api-keys"
+    api_keys_file.write_text("")
+    config["applications"][0]["args"]["auth"] = {"api_keys_file": str(api_keys_file)}
     server = AppServer(
         url=f"http://127.0.0.1:{config['http_options']['port']}",
         dashboard_url=dashboard,
         metrics_port=metrics_port,
         config=config,
+        api_keys_file=api_keys_file,
     )
     try:
         serve_deploy(config, dashboard)

@@ -80,3 +80,66 @@ async def test_health_check_fails_when_the_engine_is_dead() -> None:
     engine.dead = True
     with pytest.raises(EngineDeadError):
         await replica.check_health()
+
+
+class MergingEngine(ScriptedEngine):
+    """Like vLLM's DELTA output: tokens are produced on the engine's clock (one per ms) and
+    whatever the consumer has not read yet is merged into the next delta."""
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[StreamChunk]:
+        import asyncio
+
+        produced: list[str] = []
+        done = asyncio.Event()
+
+        async def produce() -> None:
+            for i in range(request.max_tokens):
+                await asyncio.sleep(0.001)
+                produced.append(f"t{i} ")
+            done.set()
+
+        task = asyncio.create_task(produce())
+        sent = 0
+        try:
+            while sent < request.max_tokens:
+                while len(produced) == sent:
+                    await asyncio.sleep(0.0005)
+                new = produced[sent:]
+                sent += len(new)
+                finished = sent == request.max_tokens
+                yield StreamChunk("".join(new), len(new), sent, 1, "length" if finished else None)
+        finally:
+            task.cancel()
+
+
+async def _stream_all(budget: float | None, streams: int) -> tuple[int, list[str]]:
+    import asyncio
+
+    profile = PROFILE.model_copy(
+        update={"pool": PROFILE.pool.model_copy(update={"stream_messages_per_s": budget})}
+    )
+    replica = EngineReplica.__new__(EngineReplica)
+    await replica.__init__(profile, None, MergingEngine)  # type: ignore[misc]
+
+    async def one(i: int) -> tuple[int, str]:
+        chunks = [c async for c in replica.generate(GenerationRequest(str(i), [1], 100))]
+        assert chunks[-1].completion_tokens == 100 and chunks[-1].finish_reason == "length"
+        return len(chunks), "".join(c.text for c in chunks)
+
+    results = await asyncio.gather(*(one(i) for i in range(streams)))
+    return sum(n for n, _ in results), [t for _, t in results]
+
+
+async def test_streams_coalesce_under_load_without_changing_the_text() -> None:
+    # 20 streams of 100 tokens at 1 token/ms each. Without a budget every delta is a message;
+    # with 1,000 messages/s for the replica, each stream sends one per ~20 ms.
+    every_delta, texts = await _stream_all(None, 20)
+    budgeted, budgeted_texts = await _stream_all(1000, 20)
+    assert budgeted_texts == texts == ["".join(f"t{i} " for i in range(100))] * 20
+    assert budgeted < every_delta / 3, (budgeted, every_delta)
+
+
+async def test_one_stream_is_not_held_back() -> None:
+    # A lone stream's share of the budget (1 ms) is below the coalescing floor: no waiting.
+    lone, _ = await _stream_all(1000, 1)
+    assert lone > 50

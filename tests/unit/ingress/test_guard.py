@@ -50,14 +50,14 @@ def headers(**kv: str) -> list[tuple[bytes, bytes]]:
     ],
 )
 def test_check(path: str, hdrs: dict[str, str], status: int | None) -> None:
-    guard = Guard(LimitsConfig(), ["k1", "k2"])
+    guard = Guard(LimitsConfig(), AuthConfig(api_keys_env="K"), {"K": "k1,k2"})
     refusal = guard.check(path, headers(**hdrs))
     assert (refusal.status_code if refusal else None) == status
 
 
 def test_without_keys_everything_is_open() -> None:
-    guard = Guard(LimitsConfig(), [])
-    assert guard.open
+    guard = Guard(LimitsConfig(), AuthConfig(), {})
+    assert guard.key_count == 0
     assert guard.check("/v1/completions", []) is None
 
 
@@ -98,7 +98,7 @@ async def _call(app: _App, scope_headers: list[tuple[bytes, bytes]], chunks: lis
 
 async def test_middleware_refuses_with_an_openai_body() -> None:
     app = _App()
-    app.state.guard = Guard(LimitsConfig(), ["k1"])  # type: ignore[attr-defined]
+    app.state.guard = Guard(LimitsConfig(), AuthConfig(api_keys_env="K"), {"K": "k1"})  # type: ignore[attr-defined]
     sent = await _call(app, [], [b"{}"])
     assert sent[0]["status"] == 401
     assert (b"www-authenticate", b"Bearer") in sent[0]["headers"]
@@ -112,8 +112,33 @@ async def test_middleware_bounds_chunked_bodies() -> None:
     from serve_app.ingress.guard import PayloadTooLarge
 
     app = _App()
-    app.state.guard = Guard(LimitsConfig(max_body_bytes=1024), [])  # type: ignore[attr-defined]
+    app.state.guard = Guard(LimitsConfig(max_body_bytes=1024), AuthConfig(), {})  # type: ignore[attr-defined]
     with pytest.raises(PayloadTooLarge):
         await _call(app, [], [b"x" * 600, b"x" * 600])
     ok = await _call(app, [], [b"x" * 600, b"x" * 400])
     assert ok[0]["status"] == 200
+
+
+def test_key_file_rotates_without_restart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from serve_app.ingress import guard as guard_module
+
+    keyfile = tmp_path / "keys"
+    keyfile.write_text("")
+    guard = Guard(LimitsConfig(), AuthConfig(api_keys_file=str(keyfile)), {})
+    assert guard.check("/v1/models", []) is None  # empty file: open
+    monkeypatch.setattr(guard_module, "KEY_FILE_CHECK_S", 0.0)
+    keyfile.write_text("new-key\n")
+    os.utime(keyfile, ns=(1, 10**18))  # a distinct mtime whatever the clock resolution
+    refusal = guard.check("/v1/models", [])
+    assert refusal is not None and refusal.status_code == 401
+    assert guard.check("/v1/models", headers(authorization="Bearer new-key")) is None
+    keyfile.unlink()  # gone: the keys last read stay in force
+    refusal = guard.check("/v1/models", [])
+    assert refusal is not None and refusal.status_code == 401
+
+
+def test_missing_key_file_fails_at_start(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="api_keys_file"):
+        Guard(LimitsConfig(), AuthConfig(api_keys_file=str(tmp_path / "nope")), {})

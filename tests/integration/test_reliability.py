@@ -1,0 +1,385 @@
+"""Hostile input, disconnects, a dying engine, overload and API keys, on the real stack."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import httpx
+import psutil
+import pytest
+
+from tests.integration.conftest import AppServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+MODEL = "ernie-4.5-tiny"
+LEAKS = re.compile(r"Traceback|site-packages|/work/|/home/|File \"")
+
+
+def assert_openai_error(r: httpx.Response, status: int, param: str | None) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    assert len(r.content) <= 2048, len(r.content)
+    assert not LEAKS.search(r.text), r.text
+    error: dict[str, Any] = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"] and error["type"]
+    assert error["param"] == param, error
+    return error
+
+
+def _longest_context(c: httpx.Client) -> int:
+    return int(c.get("/v1/models").json()["data"][0]["max_model_len"])
+
+
+C, CH = "/v1/completions", "/v1/chat/completions"
+MSG = [{"role": "user", "content": "hi"}]
+# (path, body: dict or raw bytes, headers, status, param). 36 cases, written by hand.
+BAD_REQUESTS: list[tuple[str, Any, dict[str, str], int, str | None]] = [
+    (C, b'{"prompt": ', {}, 400, None),  # truncated JSON
+    (C, b"", {}, 400, None),  # empty body
+    (C, b"[1, 2]", {}, 400, None),  # JSON, but not an object
+    (C, b"\xff\xfe not utf-8", {}, 400, None),
+    (C, {"max_tokens": 4}, {}, 400, "prompt"),  # missing prompt
+    (C, {"prompt": ""}, {}, 400, "prompt"),
+    (C, {"prompt": 5}, {}, 400, "prompt"),
+    (C, {"prompt": [1, 2, 10**9]}, {}, 400, "prompt"),  # token id outside the vocabulary
+    (C, {"prompt": [-1]}, {}, 400, "prompt"),
+    (C, {"prompt": "hi", "max_tokens": 0}, {}, 400, "max_tokens"),
+    (C, {"prompt": "hi", "max_tokens": -3}, {}, 400, "max_tokens"),
+    (C, {"prompt": "hi", "max_tokens": "ten"}, {}, 400, "max_tokens"),
+    (C, {"prompt": "hi", "max_tokens": 10**12}, {}, 400, "max_tokens"),  # beyond any context
+    (C, {"prompt": "hi", "temperature": 9}, {}, 400, "temperature"),
+    (C, {"prompt": "hi", "temperature": "hot"}, {}, 400, "temperature"),
+    (C, {"prompt": "hi", "top_p": 0}, {}, 400, "top_p"),
+    (C, {"prompt": "hi", "n": 2}, {}, 400, "n"),
+    (C, {"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, {}, 400, "stop"),
+    (C, {"prompt": "hi", "seed": -1}, {}, 400, "seed"),
+    (C, {"prompt": "hi", "stream": [1]}, {}, 400, "stream"),
+    (C, {"prompt": "hi", "stream_options": {"include_usage": "x"}}, {}, 400, "stream_options"),
+    (C, {"prompt": "hi", "model": "gpt-4"}, {}, 404, "model"),
+    (C, {"prompt": "hi"}, {"x-slo-ttft-ms": "soon"}, 400, "x-slo-ttft-ms"),
+    (C, {"prompt": "hi"}, {"x-slo-tpot-ms": "-5"}, 400, "x-slo-tpot-ms"),
+    (C, {"prompt": "hi"}, {"x-slo-class": "gold"}, 400, "x-slo-class"),
+    (C, {"prompt": "word " * 5000, "max_tokens": 4}, {}, 400, "input_tokens"),
+    (C, {"prompt": "x" * (2 << 20)}, {}, 413, None),  # body over the 1 MiB limit
+    (C, {"prompt": "hi"}, {"x-filler": "y" * 10_000}, 431, None),  # headers over 8 KiB
+    (CH, {"max_tokens": 4}, {}, 400, "messages"),
+    (CH, {"messages": []}, {}, 400, "messages"),
+    (CH, {"messages": [{"role": "robot", "content": "hi"}]}, {}, 400, "messages"),
+    (CH, {"messages": [{"role": "user"}]}, {}, 400, "messages"),
+    (CH, {"messages": "hi"}, {}, 400, "messages"),
+    (CH, {"messages": MSG, "max_completion_tokens": 0}, {}, 400, "max_completion_tokens"),
+    (CH, {"messages": MSG, "model": "nope"}, {}, 404, "model"),
+    ("/v1/embeddings", {"input": "hi"}, {}, 404, None),  # not served here
+]
+
+
+def test_bad_requests_get_bounded_openai_errors(app_server: AppServer) -> None:
+    assert len(BAD_REQUESTS) >= 25
+    with app_server.client() as c:
+        longest = _longest_context(c)
+        for path, body, headers, status, param in BAD_REQUESTS:
+            if isinstance(body, bytes):
+                r = c.post(path, content=body, headers={"content-type": "application/json"})
+            else:
+                r = c.post(path, json=body, headers=headers)
+            assert_openai_error(r, status, param)
+        # prompt fits, prompt + max_tokens does not
+        r = c.post(C, json={"prompt": [5] * (longest - 10), "max_tokens": 100})
+        assert_openai_error(r, 400, "max_tokens")
+        r = c.get(C)  # wrong method
+        assert_openai_error(r, 405, None)
+        # nothing else broke: a good request is served
+        ok = c.post(C, json={"prompt": "hi", "max_tokens": 3, "ignore_eos": True})
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
+
+
+def test_schemathesis_finds_no_server_error(app_server: AppServer) -> None:
+    """Property-based requests from the app's own OpenAPI schema, for a bounded time."""
+    import schemathesis
+    from hypothesis import HealthCheck, Phase, given, settings
+
+    schema = schemathesis.openapi.from_url(f"{app_server.url}/openapi.json")
+    deadline = time.monotonic() + 150
+    failures: list[str] = []
+    calls = 0
+    for result in schema.get_all_operations():
+        operation = result.ok()
+
+        @given(case=operation.as_strategy())
+        @settings(
+            max_examples=40,
+            deadline=None,
+            database=None,
+            phases=[Phase.generate],
+            suppress_health_check=list(HealthCheck),
+        )
+        def check(case: Any) -> None:
+            nonlocal calls
+            if time.monotonic() > deadline:
+                return
+            calls += 1
+            # bound generation: a random valid request may ask for thousands of tokens
+            if isinstance(case.body, dict):
+                for field in ("max_tokens", "max_completion_tokens"):
+                    value = case.body.get(field)
+                    if isinstance(value, int) and not isinstance(value, bool) and value > 64:
+                        case.body[field] = 64
+            response = case.call(base_url=app_server.url, timeout=120)
+            if response.status_code >= 500:
+                failures.append(f"{case.method} {case.path} -> {response.status_code}")
+            elif response.status_code >= 400 and len(response.content) > 2048:
+                failures.append(f"{case.method} {case.path}: {len(response.content)} B error")
+
+        check()
+    print(f"\nschemathesis: {calls} requests, {len(failures)} failures")
+    assert calls >= 50
+    assert not failures, failures[:10]
+
+
+def _write_keys(server: AppServer, text: str) -> None:
+    server.api_keys_file.write_text(text)
+
+
+def _status_soon(c: httpx.Client, path: str, want: int, **kw: Any) -> int:
+    """The key file is re-read within ~1 s of a change."""
+    deadline = time.monotonic() + 10
+    status = c.get(path, **kw).status_code
+    while status != want and time.monotonic() < deadline:
+        time.sleep(0.2)
+        status = c.get(path, **kw).status_code
+    return status
+
+
+@pytest.fixture
+def keys_configured(app_server: AppServer) -> Iterator[list[str]]:
+    keys = ["sk-test-one-" + "a" * 24, "sk-test-two-" + "b" * 24]
+    _write_keys(app_server, "# test keys\n" + "\n".join(keys) + "\n")
+    try:
+        yield keys
+    finally:
+        _write_keys(app_server, "")
+        with app_server.client() as c:
+            assert _status_soon(c, "/v1/models", 200) == 200
+
+
+def test_api_keys(app_server: AppServer, keys_configured: list[str]) -> None:
+    with app_server.client() as c:
+        assert _status_soon(c, "/v1/models", 401) == 401
+        error = assert_openai_error(c.get("/v1/models"), 401, None)
+        assert error["code"] == "invalid_api_key"
+        wrong = {"authorization": "Bearer sk-test-one-" + "a" * 23 + "x"}
+        assert_openai_error(c.post(C, json={"prompt": "hi"}, headers=wrong), 401, None)
+        no_scheme = {"authorization": keys_configured[0]}
+        assert_openai_error(c.get("/pools", headers=no_scheme), 401, None)
+        for key in keys_configured:
+            r = c.post(
+                C,
+                json={"prompt": "hi", "max_tokens": 2},
+                headers={"authorization": f"Bearer {key}"},
+            )
+            assert r.status_code == 200, r.text
+        assert c.get("/health").status_code == 200  # probes need no key
+        assert c.get("/ready").status_code == 200
+
+
+def test_open_api_is_announced_at_start(app_server: AppServer) -> None:
+    import glob
+
+    import ray
+
+    session = ray._private.worker._global_node.get_session_dir_path()
+    logs = glob.glob(f"{session}/logs/serve/replica_llm_Ingress_*.log")
+    assert logs
+    text = "".join(Path(p).read_text(errors="replace") for p in logs)
+    assert "API keys: none configured" in text
+
+
+async def _stream(
+    session: aiohttp.ClientSession, url: str, max_tokens: int, cancel_after: int | None
+) -> dict[str, Any]:
+    body = {"model": MODEL, "prompt": "Tell me about the sea", "max_tokens": max_tokens}
+    body |= {"stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
+    headers = {"x-slo-class": "batch"}
+    for _ in range(100):  # refusals (429) are retried after a pause, as a client would
+        async with session.post(url + C, json=body, headers=headers) as r:
+            if r.status == 429:
+                await asyncio.sleep(0.2)
+                continue
+            assert r.status == 200, await r.text()
+            chunks, usage = 0, None
+            async for line in r.content:
+                text = line.decode().strip()
+                if not text.startswith("data: ") or text == "data: [DONE]":
+                    continue
+                event = json.loads(text.removeprefix("data: "))
+                if event.get("usage"):
+                    usage = event["usage"]
+                elif event.get("choices"):
+                    chunks += 1
+                if cancel_after is not None and chunks >= cancel_after:
+                    return {"cancelled": True, "pool": r.headers["x-serve-pool"]}
+            return {"cancelled": False, "usage": usage}
+    raise AssertionError("refused 100 times")
+
+
+def _metric(server: AppServer, name: str, **labels: str) -> float:
+    text = httpx.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _engines_idle(c: httpx.Client) -> bool:
+    return all(p["running"] == 0 and p["waiting"] == 0 for p in c.get("/pools").json().values())
+
+
+def test_hundred_streams_ten_cancelled(app_server: AppServer) -> None:
+    disconnected_before = _metric(
+        app_server, "ray_serve_app_requests_total", outcome="disconnected"
+    )
+
+    async def run() -> list[dict[str, Any]]:
+        timeout = aiohttp.ClientTimeout(total=240)
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+            tasks = []
+            for i in range(100):
+                cancel = i % 10 == 0
+                tasks.append(
+                    _stream(session, app_server.url, 2000 if cancel else 32, 3 if cancel else None)
+                )
+            return await asyncio.gather(*tasks)
+
+    results = asyncio.run(run())
+    cancelled = [r for r in results if r["cancelled"]]
+    completed = [r for r in results if not r["cancelled"]]
+    assert len(cancelled) == 10 and len(completed) == 90
+    assert all(r["usage"]["completion_tokens"] == 32 for r in completed)
+    with app_server.client() as c:
+        deadline = time.monotonic() + 5
+        while not _engines_idle(c) and time.monotonic() < deadline:
+            time.sleep(0.25)
+        assert _engines_idle(c), c.get("/pools").json()
+    # Ray exports metrics every few seconds: wait for the count to show the 10 disconnects.
+    deadline = time.monotonic() + 30
+    seen = 0.0
+    while time.monotonic() < deadline:
+        seen = _metric(app_server, "ray_serve_app_requests_total", outcome="disconnected")
+        if seen - disconnected_before >= 10:
+            break
+        time.sleep(1)
+    assert seen - disconnected_before >= 10
+
+
+def _engine_core_of(pool: str) -> psutil.Process:
+    """The vLLM engine core process under the pool's replica (a child of this test's Ray)."""
+    for p in psutil.process_iter(["name", "cmdline"]):
+        title = " ".join(p.info["cmdline"] or [])
+        if f"ServeReplica:llm:pool-{pool}" in title:
+            for child in p.children(recursive=True):
+                if "EngineCore" in " ".join(child.cmdline() or [child.name()]):
+                    return child
+    raise LookupError(f"no engine core under pool {pool}")
+
+
+async def _load_request(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    """One streamed request; when it started and ended, where it went, whether it was whole."""
+    body = {"model": MODEL, "prompt": "Count slowly", "max_tokens": 48, "ignore_eos": True}
+    body |= {"stream": True, "stream_options": {"include_usage": True}}
+    out: dict[str, Any] = {"started": time.monotonic(), "ok": False, "pool": None}
+    async with session.post(url + C, json=body, headers={"x-slo-class": "batch"}) as r:
+        out["status"] = r.status
+        out["pool"] = r.headers.get("x-serve-pool")
+        if r.status == 200:
+            async for line in r.content:
+                text = line.decode().strip()
+                if not text.startswith("data: {"):
+                    continue
+                event = json.loads(text.removeprefix("data: "))
+                if "error" in event:
+                    out["error"] = event["error"]
+                    break
+                if event.get("usage"):
+                    out["ok"] = event["usage"]["completion_tokens"] == 48
+        else:
+            out["error"] = await r.text()
+    out["ended"] = time.monotonic()
+    return out
+
+
+def test_engine_core_killed_under_load(app_server: AppServer) -> None:
+    from ray import serve
+
+    from serve_app.engine.protocol import GenerationRequest
+
+    victim = _engine_core_of("low-latency")
+    outcomes: list[dict[str, Any]] = []
+    killed_at: list[float] = []
+
+    async def run() -> None:
+        timeout = aiohttp.ClientTimeout(total=120)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            deadline = time.monotonic() + 40
+            pending: set[asyncio.Task[dict[str, Any]]] = set()
+            i = 0
+            while time.monotonic() < deadline:  # ~10 requests/s for 40 s, bounded
+                i += 1
+                pending.add(asyncio.create_task(_load_request(session, app_server.url)))
+                if i == 30:
+                    killed_at.append(time.monotonic())
+                    os.kill(victim.pid, signal.SIGKILL)
+                await asyncio.sleep(0.1)
+                done = {t for t in pending if t.done()}
+                outcomes.extend(t.result() for t in done)
+                pending -= done
+            outcomes.extend(await asyncio.gather(*pending))
+
+    asyncio.run(run())
+    kill = killed_at[0]
+    before = [o for o in outcomes if o["started"] < kill]
+    after = [o for o in outcomes if o["started"] >= kill]
+    failed_before = [o for o in before if not o["ok"]]
+    failed_after = [o for o in after if not o["ok"]]
+    on_victim = [o for o in before if o["pool"] == "low-latency" and o["ended"] > kill]
+    fail_s = [round(o["ended"] - kill, 2) for o in failed_before]
+    print(
+        f"\nengine kill: {len(before)} requests started before ({len(on_victim)} in flight on "
+        f"low-latency), {len(failed_before)} failed, ended {fail_s} s after the kill; "
+        f"{len(after)} started after, {len(failed_after)} failed"
+    )
+    assert on_victim, "the load never reached the pool whose engine was killed"
+    assert not failed_after, failed_after[:3]
+    assert all(o["pool"] == "low-latency" for o in failed_before)  # only that replica's requests
+    assert all(o["ended"] - kill < 5 for o in failed_before)  # failed fast, not at a timeout
+    # The pool comes back to full strength: a new engine core, serving again.
+    handle = serve.get_deployment_handle("pool-low-latency", app_name="llm")
+    recovered = None
+    while time.monotonic() - kill < 180:
+        try:
+            engine_pid = _engine_core_of("low-latency").pid
+            request = GenerationRequest("probe", [5, 6, 7], max_tokens=2)
+            chunks = list(_collect(handle.options(stream=True).generate.remote(request)))
+            if engine_pid != victim.pid and chunks and chunks[-1].finish_reason:
+                recovered = time.monotonic() - kill
+                break
+        except Exception:
+            pass
+        time.sleep(1)
+    print(f"low-latency pool back at full strength {recovered} s after the kill")
+    assert recovered is not None
+
+
+def _collect(stream: Any) -> Iterator[Any]:
+    yield from stream

@@ -1,0 +1,64 @@
+from pathlib import Path
+
+import yaml
+
+from serve_app.bench import streaming
+from serve_app.profiles import EngineArgs, EngineProfile, Platform
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_vllm_serve_flags_carry_every_engine_argument() -> None:
+    profile = EngineProfile(
+        name="p",
+        model="m",
+        engine=EngineArgs(
+            max_model_len=2048,
+            block_size=32,
+            enforce_eager=True,
+            enable_prefix_caching=False,
+            kv_cache_memory_bytes=1 << 28,
+        ),
+    ).resolve(Platform.CPU)
+    flags = streaming.vllm_serve_flags(profile)
+    assert flags[flags.index("--max-model-len") + 1] == "2048"
+    assert flags[flags.index("--block-size") + 1] == "32"
+    assert "--enforce-eager" in flags and "--no-enable-prefix-caching" in flags
+    assert flags[flags.index("--kv-cache-memory-bytes") + 1] == str(1 << 28)
+
+
+def test_bench_profile_keeps_the_engine_and_opens_the_pool(tmp_path: Path) -> None:
+    source = ROOT / "profiles" / "low-latency.yaml"
+    written = yaml.safe_load(streaming._bench_profile(source, tmp_path).read_text())
+    original = yaml.safe_load(source.read_text())
+    assert written["engine"] == original["engine"]
+    assert written["platforms"] == original["platforms"]
+    assert written["pool"]["max_replicas"] == 1
+    assert written["pool"]["max_ongoing_requests"] >= 1024
+
+
+def test_app_config_serves_one_pool_without_slo_refusals(tmp_path: Path) -> None:
+    config = streaming._app_config("low-latency", tmp_path, 9999)
+    args = config["applications"][0]["args"]
+    assert args["profiles"] == ["low-latency"] and args["profiles_dir"] == str(tmp_path)
+    assert args["routing"]["default_class"] == "batch"
+    assert set(args["routing"]["priors"]) == {"low-latency"}
+    assert config["http_options"] == {**config["http_options"], "port": 9999}
+
+
+def test_summary_pairs_runs_and_takes_ratios() -> None:
+    def row(target: str, tok_s: float, ttft: float) -> dict[str, object]:
+        return {
+            "target": target,
+            "concurrency": 4,
+            "output_throughput": tok_s,
+            "median_ttft_ms": ttft,
+            "median_tpot_ms": 5.0,
+        }
+
+    rows = [row("vllm serve", 100, 10), row("app", 90, 13), row("app", 100, 12)]
+    rows.append(row("vllm serve", 100, 10))
+    (s,) = streaming.summarize(rows)
+    assert s["tok_s_ratio"] == 0.95 and s["tok_s_ratio_min"] == 0.9
+    assert s["ttft_p50_delta_ms"] == 2.5
+    assert "| 4 | 100 | 95 | 0.950 (0.900)" in streaming.table([s])
