@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +25,11 @@ LOOPBACK = "127.0.0.1"
 # Ray resolves a node address of 127.0.0.1 to the machine's outward address (its "remotely
 # reachable IP") unless it runs single-node; this, read when ray is first imported, says so.
 SINGLE_NODE_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+# Serve's throughput-optimized mode (user code on the replica's own event loop, gRPC between
+# proxy and replicas, garbage collector frozen after start-up), minus direct ingress: clients keep
+# one address (the proxy's port). Read by every Ray process at import, so it is set before Ray
+# starts and inherited; on a cluster, set the same in the nodes' environment (rayservice.yaml).
+SERVE_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,8 @@ def start_local_ray(
 ) -> str:
     """Start Ray in this process, every service bound to loopback; returns the dashboard URL."""
     os.environ.update(SINGLE_NODE_ENV)
+    for key, value in SERVE_ENV.items():
+        os.environ.setdefault(key, value)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
     from ray._private import ray_constants
@@ -71,7 +79,8 @@ def start_local_ray(
 
 def serve_deploy(config: dict[str, Any], dashboard_url: str) -> None:
     """`serve deploy` of a config dict (written to a temporary file) to the given cluster."""
-    serve_cli = Path(sys.executable).with_name("serve")
+    beside = Path(sys.executable).with_name("serve")  # a venv's own CLI first, then $PATH
+    serve_cli = beside if beside.exists() else Path(shutil.which("serve") or "serve")
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         yaml.safe_dump(config, f)
     try:

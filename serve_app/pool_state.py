@@ -77,13 +77,28 @@ class PoolStateBoard:
     def __init__(self, pools: list[str]) -> None:
         self._pools = list(pools)
         self._reports: dict[str, ReplicaReport] = {}
+        # ingress replica -> (when, {pool: how late its chunks arrive, ms})
+        self._lags: dict[str, tuple[float, dict[str, float]]] = {}
 
-    def report(self, report: ReplicaReport) -> None:
+    def consumer_lag(self, ingress_id: str, lag_ms_by_pool: dict[str, float]) -> None:
+        self._lags[ingress_id] = (time.time(), lag_ms_by_pool)
+
+    def report(self, report: ReplicaReport) -> float | None:
+        """Store a replica's report; answer the worst recent consumer lag of its pool."""
         self._reports[report.replica_id] = report
+        fresh = report.reported_at - STATS_STALE_AFTER_S
+        lags = [
+            lags[report.pool]
+            for at, lags in self._lags.values()
+            if at >= fresh and report.pool in lags
+        ]
         # Forget replicas long gone so the board does not grow across scale-downs.
         cutoff = report.reported_at - 10 * STATS_STALE_AFTER_S
         for rid in [k for k, r in self._reports.items() if r.reported_at < cutoff]:
             del self._reports[rid]
+        for iid in [k for k, (at, _) in self._lags.items() if at < cutoff]:
+            del self._lags[iid]
+        return max(lags, default=None)
 
     def snapshot(self) -> Mapping[str, PoolSnapshot]:
         return aggregate(self._pools, self._reports.values(), time.time())

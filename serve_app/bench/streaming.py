@@ -119,7 +119,11 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 @contextmanager
 def servers(
-    profile_name: str, ports: tuple[int, int, int, int], log_dir: Path, app_env: dict[str, str]
+    profile_name: str,
+    ports: tuple[int, int, int, int],
+    log_dir: Path,
+    app_env: dict[str, str],
+    vllm_env: dict[str, str],
 ) -> Iterator[tuple[Server, Server, ResolvedProfile]]:
     from serve_app.engine.builtin_model import resolve_model
 
@@ -129,7 +133,7 @@ def servers(
     bench_path = _bench_profile(source, profiles)
     profile = load_profile(bench_path).resolve(detect_platform())
     model = resolve_model(profile.model)
-    env = {**os.environ, **engine_env(profile)}
+    env = {**os.environ, **engine_env(profile), **vllm_env}
     vllm_cmd = [
         sys.executable, "-m", "serve_app.bench.vllm_cli", "serve", model,
         "--host", LOOPBACK, "--port", str(vllm_port),
@@ -297,6 +301,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--run-timeout-s", type=float, default=600)
     parser.add_argument("--app-env", action="append", default=[], help="KEY=VALUE for the app")
+    parser.add_argument("--vllm-env", action="append", default=[], help="KEY=VALUE for vllm serve")
+    parser.add_argument(
+        "--app-pythonpath", help="run the app from another checkout (e.g. a git worktree)"
+    )
     parser.add_argument("--ports", default="18001,18002,18265,18080")
     parser.add_argument("--out", type=Path, default=Path("docs/results/streaming/latest"))
     args = parser.parse_args(argv)
@@ -306,7 +314,13 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     started = time.time()
-    with servers(args.profile, ports, args.out / "logs", _env_pairs(args.app_env)) as (
+    app_env = _env_pairs(args.app_env)
+    if args.app_pythonpath:
+        app_env["PYTHONPATH"] = os.pathsep.join(
+            [str(Path(args.app_pythonpath).resolve()), os.environ.get("PYTHONPATH", "")]
+        )
+    logs = args.out / "logs"
+    with servers(args.profile, ports, logs, app_env, _env_pairs(args.vllm_env)) as (
         vllm,
         app,
         profile,
@@ -333,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "profile": profile.model_dump(mode="json"),
         "args": {k: str(v) for k, v in vars(args).items()},
-        "app_env": _env_pairs(args.app_env),
+        "app_env": app_env,
         "started": started,
         "rows": rows,
         "summary": summary,

@@ -44,6 +44,7 @@ class StreamChunk:
     completion_tokens: int
     prompt_tokens: int
     finish_reason: str | None = None
+    sent_at: float = 0.0  # wall clock when the replica sent it: the consumer measures its lag
 
 
 @dataclass(frozen=True, slots=True)

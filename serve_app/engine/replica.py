@@ -19,6 +19,7 @@ from ray.serve.handle import DeploymentHandle
 
 from serve_app.autoscaling import WAITING_METRIC
 from serve_app.constants import ENGINE_START_TIMEOUT_S, STATS_PERIOD_S
+from serve_app.engine.coalesce import MessageBudget
 from serve_app.engine.protocol import (
     Engine,
     EngineStats,
@@ -72,7 +73,8 @@ class EngineReplica:
         self._engine = engine_factory(profile)
         self._ttft_ms: deque[float] = deque(maxlen=_RECENT)
         self._streams = 0  # generate() calls in flight
-        self._message_budget = profile.pool.stream_messages_per_s
+        ceiling = profile.pool.stream_messages_per_s
+        self._budget = MessageBudget(ceiling) if ceiling is not None else None
         self._tpot_ms: deque[float] = deque(maxlen=_RECENT)
         try:
             self._replica_id = serve.get_replica_context().replica_id.unique_id
@@ -109,9 +111,10 @@ class EngineReplica:
                     first_at = time.perf_counter()
                     self._ttft_ms.append((first_at - started) * 1e3)
                 last = chunk
+                chunk.sent_at = time.time()
                 yield chunk
-                if self._message_budget is not None and chunk.finish_reason is None:
-                    gap_s = self._streams / self._message_budget
+                if self._budget is not None and chunk.finish_reason is None:
+                    gap_s = self._budget.gap_s(self._streams)
                     if gap_s > MIN_COALESCE_S:
                         await asyncio.sleep(gap_s)
         finally:
@@ -149,7 +152,9 @@ class EngineReplica:
             self._metrics.update(report.stats)
             if self._board is not None:
                 try:
-                    await self._board.report.remote(report)
+                    consumer_lag_ms = await self._board.report.remote(report)
+                    if self._budget is not None:
+                        self._budget.update(consumer_lag_ms)
                 except Exception:  # the board restarts with the app; keep serving meanwhile
                     logger.warning("pool %s: report failed", self._profile.name, exc_info=True)
             await asyncio.sleep(STATS_PERIOD_S)

@@ -175,11 +175,21 @@ class Ingress:
                 "anyone who can reach it",
                 config.auth.api_keys_env,
             )
+        # Worst lag of the chunks each pool sent since the last refresh: read by the pools'
+        # replicas (through the board) to size their message budgets (engine/coalesce.py).
+        self._lag_ms: dict[str, float] = {}
+        try:
+            self._ingress_id = serve.get_replica_context().replica_id.unique_id
+        except Exception:  # outside Serve (unit tests)
+            self._ingress_id = "local"
         self._refresher = asyncio.get_running_loop().create_task(self._refresh_forever())
 
     async def _refresh_forever(self) -> None:
         while True:
             try:
+                if self._lag_ms:
+                    lags, self._lag_ms = self._lag_ms, {}
+                    self._board.consumer_lag.remote(self._ingress_id, lags)
                 self._router.update(await self._board.snapshot.remote())
             except Exception:
                 logger.warning("pool state refresh failed", exc_info=True)
@@ -418,6 +428,10 @@ class Ingress:
         last: StreamChunk | None = None
         try:
             async for chunk in stream:
+                if chunk.sent_at:
+                    lag_ms = (time.time() - chunk.sent_at) * 1e3
+                    if lag_ms > self._lag_ms.get(routed.pool, 0.0):
+                        self._lag_ms[routed.pool] = lag_ms
                 if first_at is None:
                     first_at = time.perf_counter()
                     self._router.first_token(routed.pool)

@@ -63,3 +63,17 @@ def test_placements_list_each_live_replica_where_it_runs() -> None:
         NOW,
     )
     assert snaps["a"].placements == (("1", here), ("2", there))
+
+
+def test_board_answers_reports_with_the_pools_worst_fresh_consumer_lag() -> None:
+    import time
+
+    board = PoolStateBoard(["a", "b"])
+    now = time.time()
+    assert board.report(report("a", "1", reported_at=now)) is None  # no consumer reported yet
+    board.consumer_lag("ingress-1", {"a": 4.0})
+    board.consumer_lag("ingress-2", {"a": 12.0, "b": 1.0})
+    assert board.report(report("a", "1", reported_at=now)) == 12.0
+    assert board.report(report("b", "2", reported_at=now)) == 1.0
+    # lag reports older than the staleness window no longer count
+    assert board.report(report("a", "1", reported_at=now + 60)) is None

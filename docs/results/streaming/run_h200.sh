@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# On nvidia-h200-x2 after ../shared/gpu/remote_install.sh: `vllm serve` on GPU 0 and the app on
+# GPU 1, same engine arguments (profiles/h200-stream.yaml), `vllm bench serve` against both,
+# alternating. MODE=after runs this checkout; MODE=before runs the app from ./before-app (the
+# session-1 serving path: `git archive d34ce1e serve_app | tar -x -C before-app`).
+set -euo pipefail
+source /tmp/site/env.sh
+export PYTHONPATH=$PWD:/tmp/site SERVE_APP_PROFILES_DIR=$PWD/docs/results/streaming/profiles
+MODE=${MODE:-after}
+OUT=${OUT:-/tmp/out}
+EXTRA=()
+[ "$MODE" = before ] && EXTRA=(--app-pythonpath before-app)
+{ nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv
+  python3 -c "import vllm, torch, ray; print('vllm', vllm.__version__, 'torch', torch.__version__, 'ray', ray.__version__)"
+  nproc; } > "$OUT/device.txt" 2>&1
+python3 -m serve_app.bench.streaming --profile h200-stream --concurrency 1,4,64,256 \
+  --num-prompts 48 --output-len 256 --repeats 2 \
+  --vllm-env CUDA_VISIBLE_DEVICES=0 --app-env CUDA_VISIBLE_DEVICES=1 "${EXTRA[@]}" \
+  --out "$OUT/$MODE" 2>&1 | grep -E "^c=|^\|" || true
+cp "$OUT/$MODE/logs/app.log" "$OUT/app-$MODE.log" 2>/dev/null || true
+tail -c 20000 "$OUT/$MODE/logs/vllm-serve.log" > "$OUT/vllm-serve-$MODE.log" 2>/dev/null || true
+rm -rf "$OUT/$MODE/logs"

@@ -1,0 +1,41 @@
+"""How many stream messages a replica may send per second: set by what its consumers can take.
+
+Each chunk carries the time it was sent; the ingress measures how late chunks reach it (the lag:
+transport plus its own queue) and reports it per pool through the pool state board, which hands
+the worst lag back to the pool's replicas with every report they make (4 times a second). A
+replica shrinks its message budget when consumers fall behind and grows it back while they keep
+up (additive increase, multiplicative decrease, like TCP's congestion window). With N streams
+open, each stream then sends at most one message per N / budget seconds (engine.replica).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TARGET_LAG_MS = 10.0  # consumers this late or later: send fewer, larger messages
+MIN_BUDGET = 50.0  # messages per second per replica, whatever the lag
+DECREASE = 0.7
+INCREASE = 0.1  # of the ceiling, per report without lag
+
+
+@dataclass(slots=True)
+class MessageBudget:
+    ceiling: float  # the profile's stream_messages_per_s
+    current: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.current = self.current or self.ceiling
+
+    def update(self, consumer_lag_ms: float | None) -> float:
+        """Adjust to the lag consumers reported (None: no report, keep the budget)."""
+        if consumer_lag_ms is None:
+            return self.current
+        if consumer_lag_ms > TARGET_LAG_MS:
+            self.current = max(MIN_BUDGET, self.current * DECREASE)
+        else:
+            self.current = min(self.ceiling, self.current + INCREASE * self.ceiling)
+        return self.current
+
+    def gap_s(self, streams: int) -> float:
+        """How long a stream waits after a message before taking the next output."""
+        return streams / self.current
