@@ -8,15 +8,22 @@ source /tmp/site/env.sh
 export PYTHONPATH=$PWD:/tmp/site SERVE_APP_PROFILES_DIR=$PWD/docs/results/streaming/profiles
 MODE=${MODE:-after}
 OUT=${OUT:-/tmp/out}
+CONC=${CONC:-1,4,64,256}
+PROMPTS=${PROMPTS:-48}
 EXTRA=()
-[ "$MODE" = before ] && EXTRA=(--app-pythonpath before-app)
+[ "$MODE" = before ] && EXTRA+=(--app-pythonpath before-app)
+# API_SERVERS=4: vLLM's server with four API-server processes in front of its engine (the
+# GPU README's best `vllm serve` configuration).
+[ -n "${API_SERVERS:-}" ] && EXTRA+=(--vllm-arg=--api-server-count=$API_SERVERS)
 { nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv
   python3 -c "import vllm, torch, ray; print('vllm', vllm.__version__, 'torch', torch.__version__, 'ray', ray.__version__)"
   nproc; } > "$OUT/device.txt" 2>&1
-python3 -m serve_app.bench.streaming --profile h200-stream --concurrency 1,4,64,256 \
-  --num-prompts 48 --output-len 256 --repeats 2 \
+python3 -m serve_app.bench.streaming --profile h200-stream --concurrency "$CONC" \
+  --num-prompts "$PROMPTS" --output-len 256 --repeats "${REPEATS:-2}" \
   --vllm-env CUDA_VISIBLE_DEVICES=0 --app-env CUDA_VISIBLE_DEVICES=1 "${EXTRA[@]}" \
-  --out "$OUT/$MODE" 2>&1 | grep -E "^c=|^\|" || true
+  --out "$OUT/$MODE" > "$OUT/bench-$MODE.txt" 2>&1 || true
+grep -E "^c=|^\|" "$OUT/bench-$MODE.txt" || tail -20 "$OUT/bench-$MODE.txt"
 cp "$OUT/$MODE/logs/app.log" "$OUT/app-$MODE.log" 2>/dev/null || true
 tail -c 20000 "$OUT/$MODE/logs/vllm-serve.log" > "$OUT/vllm-serve-$MODE.log" 2>/dev/null || true
+grep -v "it/s]" "$OUT/$MODE/logs/vllm-bench.log" | grep -v "^Namespace" > "$OUT/vllm-bench-$MODE.log" || true
 rm -rf "$OUT/$MODE/logs"
