@@ -115,6 +115,7 @@ def _pool_deployment(profile: ResolvedProfile, board: Application, args: AppArgs
         .options(
             name=f"pool-{profile.name}",
             max_ongoing_requests=pool.max_ongoing_requests,
+            max_queued_requests=pool.max_queued_requests,
             autoscaling_config=_autoscaling_config(profile),
             ray_actor_options=_actor_options(profile, args.num_gpus_per_replica),
             health_check_period_s=HEALTH_CHECK_PERIOD_S,

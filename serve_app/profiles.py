@@ -98,6 +98,12 @@ class PoolSpec(BaseModel):
     max_ongoing_requests: int = Field(
         64, ge=1, description="Requests one replica takes at once; more queue in the handle."
     )
+    max_queued_requests: int = Field(
+        256,
+        ge=-1,
+        description="Requests queued for the pool beyond its replicas' max_ongoing_requests; more "
+        "are refused at once with 503 + Retry-After (-1: unbounded).",
+    )
     target_waiting_per_replica: float | None = Field(
         4,
         gt=0,

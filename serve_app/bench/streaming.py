@@ -124,6 +124,7 @@ def servers(
     log_dir: Path,
     app_env: dict[str, str],
     vllm_env: dict[str, str],
+    vllm_args: list[str],
 ) -> Iterator[tuple[Server, Server, ResolvedProfile]]:
     from serve_app.engine.builtin_model import resolve_model
 
@@ -138,7 +139,7 @@ def servers(
         sys.executable, "-m", "serve_app.bench.vllm_cli", "serve", model,
         "--host", LOOPBACK, "--port", str(vllm_port),
         "--served-model-name", _served_name(profile.model),
-        *vllm_serve_flags(profile),
+        *vllm_serve_flags(profile), *vllm_args,
     ]  # fmt: skip
     config_path = profiles / "serve_config.yaml"
     config_path.write_text(yaml.safe_dump(_app_config(profile.name, profiles, app_port)))
@@ -303,6 +304,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--app-env", action="append", default=[], help="KEY=VALUE for the app")
     parser.add_argument("--vllm-env", action="append", default=[], help="KEY=VALUE for vllm serve")
     parser.add_argument(
+        "--vllm-arg",
+        action="append",
+        default=[],
+        help="extra `vllm serve` flag (not an engine argument): --vllm-arg=--api-server-count=4",
+    )
+    parser.add_argument(
         "--app-pythonpath", help="run the app from another checkout (e.g. a git worktree)"
     )
     parser.add_argument("--ports", default="18001,18002,18265,18080")
@@ -320,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
             [str(Path(args.app_pythonpath).resolve()), os.environ.get("PYTHONPATH", "")]
         )
     logs = args.out / "logs"
-    with servers(args.profile, ports, logs, app_env, _env_pairs(args.vllm_env)) as (
+    vllm_env = _env_pairs(args.vllm_env)
+    with servers(args.profile, ports, logs, app_env, vllm_env, args.vllm_arg) as (
         vllm,
         app,
         profile,

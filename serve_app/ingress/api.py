@@ -34,6 +34,7 @@ from serve_app.ingress.errors import (
     EngineFailure,
     ModelNotFound,
     NotFound,
+    PoolFull,
     ServeError,
     ServiceUnavailable,
     engine_error,
@@ -384,7 +385,7 @@ class Ingress:
                 raise
             except Exception as e:
                 err = engine_error(e)
-                if attempt or not isinstance(err, ServiceUnavailable):
+                if attempt or not isinstance(err, ServiceUnavailable) or isinstance(err, PoolFull):
                     raise err from None
                 # The replica died (engine or actor) before any output: nothing reached the
                 # client, so route again without it.

@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 from ray.exceptions import RayActorError
+from ray.serve.exceptions import BackPressureError
 
 from serve_app.engine.protocol import EngineDeadError, EngineRequestError
 from serve_app.routing.policy import Reject
@@ -67,6 +68,10 @@ class ServiceUnavailable(ServeError):
     error_type = "service_unavailable"
 
 
+class PoolFull(ServiceUnavailable):
+    """The pool's replicas and its queue are full (Serve's max_queued_requests)."""
+
+
 class EngineFailure(ServeError):
     status_code = 500
     error_type = "internal_server_error"
@@ -110,6 +115,8 @@ def engine_error(e: BaseException) -> ServeError:
     """What a pool call raised (through Ray) as an API error; each kind has its own status."""
     if isinstance(e, EngineRequestError):
         return BadRequest(str(e.args[0] if e.args else e))
+    if isinstance(e, BackPressureError):
+        return PoolFull("the pool is at capacity; retry shortly", code="pool_full", retry_after_s=1)
     if isinstance(e, EngineDeadError | RayActorError):
         return ServiceUnavailable("the engine replica serving this request failed", retry_after_s=1)
     return EngineFailure("the engine failed to generate")

@@ -26,3 +26,20 @@ def test_retry_after_is_whole_seconds_at_least_one() -> None:
     assert r.status_code == 429
     assert r.headers["retry-after"] == "1"
     assert error_response(SLOUnmeetable("busy", retry_after_s=2.1)).headers["retry-after"] == "3"
+
+
+def test_engine_errors_map_each_kind_to_its_status() -> None:
+    from ray.exceptions import ActorDiedError
+    from ray.serve.exceptions import BackPressureError
+
+    from serve_app.engine.protocol import EngineDeadError, EngineRequestError
+    from serve_app.ingress.errors import PoolFull, ServiceUnavailable, engine_error
+
+    assert engine_error(EngineRequestError("bad stop")).status_code == 400
+    full = engine_error(BackPressureError(num_queued_requests=9, max_queued_requests=8))
+    assert isinstance(full, PoolFull) and full.status_code == 503 and full.retry_after_s
+    dead = engine_error(EngineDeadError("gone"))
+    assert isinstance(dead, ServiceUnavailable) and not isinstance(dead, PoolFull)
+    assert engine_error(ActorDiedError()).status_code == 503
+    assert engine_error(RuntimeError("boom")).status_code == 500
+    assert "boom" not in engine_error(RuntimeError("boom")).message  # no internals leak
