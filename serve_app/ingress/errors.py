@@ -6,6 +6,7 @@ never carry paths or tracebacks.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -91,11 +92,19 @@ def error_body(err: ServeError) -> dict[str, Any]:
     }
 
 
+class _AsciiJSONResponse(JSONResponse):
+    """JSON with non-ASCII escaped: a message quoting client input (a model name, a header)
+    may hold lone surrogates, which UTF-8 cannot encode (JSONResponse would fail with a 500)."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, separators=(",", ":")).encode("ascii")
+
+
 def error_response(err: ServeError, headers: dict[str, str] | None = None) -> JSONResponse:
     all_headers = dict(headers or {})
     if err.retry_after_s is not None:
         all_headers["Retry-After"] = str(max(1, math.ceil(err.retry_after_s)))
-    return JSONResponse(error_body(err), status_code=err.status_code, headers=all_headers)
+    return _AsciiJSONResponse(error_body(err), status_code=err.status_code, headers=all_headers)
 
 
 def reject_error(decision: Reject) -> ServeError:

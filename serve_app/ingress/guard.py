@@ -203,7 +203,7 @@ def _too_large(limit: int) -> PayloadTooLarge:
 
 
 async def _respond(send: Send, err: ServeError) -> None:
-    body = json.dumps(error_body(err)).encode()
+    body = json.dumps(error_body(err)).encode("ascii")
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if isinstance(err, Unauthorized):
         headers.append((b"www-authenticate", b"Bearer"))

@@ -90,20 +90,20 @@ class MergingEngine(ScriptedEngine):
         import asyncio
 
         produced: list[str] = []
-        done = asyncio.Event()
+        more = asyncio.Event()
 
         async def produce() -> None:
             for i in range(request.max_tokens):
                 await asyncio.sleep(0.001)
                 produced.append(f"t{i} ")
-            done.set()
+                more.set()
 
         task = asyncio.create_task(produce())
         sent = 0
         try:
             while sent < request.max_tokens:
-                while len(produced) == sent:
-                    await asyncio.sleep(0.0005)
+                await more.wait()
+                more.clear()
                 new = produced[sent:]
                 sent += len(new)
                 finished = sent == request.max_tokens

@@ -43,3 +43,11 @@ def test_engine_errors_map_each_kind_to_its_status() -> None:
     assert engine_error(ActorDiedError()).status_code == 503
     assert engine_error(RuntimeError("boom")).status_code == 500
     assert "boom" not in engine_error(RuntimeError("boom")).message  # no internals leak
+
+
+def test_error_bodies_survive_unencodable_client_input() -> None:
+    from serve_app.ingress.errors import ModelNotFound
+
+    r = error_response(ModelNotFound("model '\ud981x' is not served here", param="model"))
+    assert r.status_code == 404
+    assert json.loads(r.body)["error"]["param"] == "model"
