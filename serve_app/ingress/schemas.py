@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 _MAX_STOP = 4
+_MAX_STOP_CHARS = 256
 
 
 class StreamOptions(BaseModel):
@@ -36,6 +37,10 @@ class _SamplingFields(BaseModel):
     def _bounded_stop(cls, v: str | list[str] | None) -> str | list[str] | None:
         if isinstance(v, list) and len(v) > _MAX_STOP:
             raise ValueError(f"at most {_MAX_STOP} stop sequences")
+        # An empty stop string made the engine fail (500): found by schemathesis.
+        for seq in [v] if isinstance(v, str) else v or []:
+            if not seq or len(seq) > _MAX_STOP_CHARS:
+                raise ValueError(f"stop sequences must have 1 to {_MAX_STOP_CHARS} characters")
         return v
 
     def stop_sequences(self) -> tuple[str, ...]:

@@ -42,7 +42,7 @@ def _longest_context(c: httpx.Client) -> int:
 
 C, CH = "/v1/completions", "/v1/chat/completions"
 MSG = [{"role": "user", "content": "hi"}]
-# (path, body: dict or raw bytes, headers, status, param): 37 cases, written by hand.
+# (path, body: dict or raw bytes, headers, status, param): 39 cases, written by hand.
 BAD_REQUESTS: list[tuple[str, Any, dict[str, str], int, str | None]] = [
     (C, b'{"prompt": ', {}, 400, None),  # truncated JSON
     (C, b"", {}, 400, None),  # empty body
@@ -62,6 +62,8 @@ BAD_REQUESTS: list[tuple[str, Any, dict[str, str], int, str | None]] = [
     (C, {"prompt": "hi", "top_p": 0}, {}, 400, "top_p"),
     (C, {"prompt": "hi", "n": 2}, {}, 400, "n"),
     (C, {"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, {}, 400, "stop"),
+    (C, {"prompt": "hi", "stop": ""}, {}, 400, "stop"),  # the engine failed on it (was a 500)
+    (C, {"prompt": "hi", "stop": ["ok", ""]}, {}, 400, "stop"),
     (C, {"prompt": "hi", "seed": -1}, {}, 400, "seed"),
     (C, {"prompt": "hi", "stream": [1]}, {}, 400, "stream"),
     (C, {"prompt": "hi", "stream_options": {"include_usage": "x"}}, {}, 400, "stream_options"),
