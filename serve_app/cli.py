@@ -26,10 +26,16 @@ LOOPBACK = "127.0.0.1"
 # reachable IP") unless it runs single-node; this, read when ray is first imported, says so.
 SINGLE_NODE_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 # Serve's throughput-optimized mode (user code on the replica's own event loop, gRPC between
-# proxy and replicas, garbage collector frozen after start-up), minus direct ingress: clients keep
-# one address (the proxy's port). Read by every Ray process at import, so it is set before Ray
-# starts and inherited; on a cluster, set the same in the nodes' environment (rayservice.yaml).
-SERVE_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}
+# proxy and replicas, garbage collector frozen after start-up), minus direct ingress (clients keep
+# one address, the proxy's port) and minus its 1,000-record log buffer (a start-up warning must
+# reach the log when it happens; the app logs little per request). Read by every Ray process at
+# import, so it is set before Ray starts and inherited; on a cluster, set the same in the nodes'
+# environment (rayservice.yaml).
+SERVE_ENV = {
+    "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+    "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0",
+    "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1",
+}
 
 
 @dataclass(frozen=True)

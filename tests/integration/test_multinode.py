@@ -27,6 +27,7 @@ import psutil
 import pytest
 import yaml
 
+from serve_app.cli import SERVE_ENV
 from tests.integration.conftest import ROOT, free_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -117,6 +118,7 @@ def cluster() -> Iterator[LoopbackCluster]:
         "RAY_AUTH_TOKEN": secrets.token_hex(32),
         "RAY_USAGE_STATS_ENABLED": "0",
         "SERVE_APP_PLATFORM": "cpu",  # the GPUs are simulated: engines run on the CPU build
+        **SERVE_ENV,  # Serve in the mode `serve-app run` uses
     }
     c = LoopbackCluster(
         temp_dir=temp_dir,

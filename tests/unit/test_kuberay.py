@@ -98,3 +98,13 @@ def test_export_prints_what_the_rayservice_carries(capsys: pytest.CaptureFixture
     assert kuberay.main(["export"]) == 0
     exported = yaml.safe_load(capsys.readouterr().out)
     assert exported == kuberay.serve_config_v2(RAYSERVICE.read_text())
+
+
+def test_every_ray_container_runs_serve_in_the_apps_mode() -> None:
+    from serve_app.cli import SERVE_ENV
+
+    cluster = rayservice()["spec"]["rayClusterConfig"]
+    groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+    for group in groups:
+        env = {e["name"]: e["value"] for e in group["template"]["spec"]["containers"][0]["env"]}
+        assert SERVE_ENV.items() <= env.items()
