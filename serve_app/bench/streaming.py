@@ -284,6 +284,36 @@ def table(summary: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def plot(summary: list[dict[str, Any]], path: Path, title: str) -> None:
+    """Output tok/s of both servers and TTFT p50 per concurrency, side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    concs = [str(s["concurrency"]) for s in summary]
+    x = range(len(concs))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    width = 0.38
+    for offset, key, label in ((-width / 2, "vllm", "vllm serve"), (width / 2, "app", "app")):
+        left.bar([i + offset for i in x], [s[f"{key}_tok_s"] for s in summary], width, label=label)
+        right.bar(
+            [i + offset for i in x], [s[f"{key}_ttft_p50_ms"] for s in summary], width, label=label
+        )
+    for ax, ylabel in ((left, "output tok/s"), (right, "TTFT p50 (ms, log)")):
+        ax.set_xticks(list(x), concs)
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel(ylabel)
+        ax.legend()
+    right.set_yscale("log")
+    for i, s in enumerate(summary):
+        left.annotate(f"{s['tok_s_ratio']:.2f}x", (i, max(s["vllm_tok_s"], s["app_tok_s"])))
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _env_pairs(items: list[str]) -> dict[str, str]:
     return dict(item.split("=", 1) for item in items)
 
@@ -314,7 +344,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--ports", default="18001,18002,18265,18080")
     parser.add_argument("--out", type=Path, default=Path("docs/results/streaming/latest"))
+    parser.add_argument("--replot", type=Path, help="only redraw DIR/streaming.png from its JSON")
     args = parser.parse_args(argv)
+    if args.replot:
+        report = json.loads((args.replot / "streaming.json").read_text())
+        plot(report["summary"], args.replot / "streaming.png", f"app vs vllm serve: {args.replot}")
+        return 0
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     vllm_port, app_port, dashboard_port, metrics_port = (int(p) for p in args.ports.split(","))
     ports = (vllm_port, app_port, dashboard_port, metrics_port)
@@ -362,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     (args.out / "streaming.json").write_text(json.dumps(report, indent=2))
     (args.out / "streaming.md").write_text(table(summary) + "\n")
+    plot(summary, args.out / "streaming.png", f"app vs vllm serve, profile {args.profile}")
     print(table(summary))
     return 0
 

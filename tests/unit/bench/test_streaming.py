@@ -62,3 +62,13 @@ def test_summary_pairs_runs_and_takes_ratios() -> None:
     assert s["tok_s_ratio"] == 0.95 and s["tok_s_ratio_min"] == 0.9
     assert s["ttft_p50_delta_ms"] == 2.5
     assert "| 4 | 100 | 95 | 0.950 (0.900)" in streaming.table([s])
+
+
+def test_plot_writes_a_png(tmp_path: Path) -> None:
+    summary = [
+        {"concurrency": c, "vllm_tok_s": 100.0 * c, "app_tok_s": 90.0 * c, "tok_s_ratio": 0.9}
+        | {"vllm_ttft_p50_ms": 10.0, "app_ttft_p50_ms": 12.0}
+        for c in (1, 64)
+    ]
+    streaming.plot(summary, tmp_path / "s.png", "t")
+    assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
