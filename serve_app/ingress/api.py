@@ -83,6 +83,8 @@ class IngressConfig(BaseModel):
     auth: AuthConfig = AuthConfig()
 
 
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+
 app = FastAPI(title="serve-app", description="SLO-aware OpenAI-compatible LLM endpoint")
 app.add_middleware(GuardMiddleware)
 
@@ -166,6 +168,7 @@ class Ingress:
         app.state.metrics = self._metrics
         guard = Guard(config.limits, config.auth)
         app.state.guard = guard
+        app.state.early_check = self._early_refusal
         if guard.key_count:
             logger.info(
                 "API keys: %d configured; requests without a valid key get 401", guard.key_count
@@ -294,6 +297,35 @@ class Ingress:
         pool, slo_class = (routed.pool, routed.slo.slo_class) if routed else ("none", "")
         slo_class = slo_class or request.headers.get(CLASS_HEADER, "")
         self._metrics.request(pool, slo_class, outcome_of(err.status_code))
+
+    def _early_refusal(
+        self, path: str, raw_headers: list[tuple[bytes, bytes]]
+    ) -> ServeError | None:
+        """Under overload, refuse from the headers alone what routing would refuse anyway.
+
+        Predicted latency only grows with prompt length and max_tokens, so if the smallest
+        possible request (1 prompt token, 1 new token) is refused — pools saturated, no replica,
+        or the SLO unmeetable even so — the real one would be too: answer now, before reading,
+        parsing and tokenizing the body (most of a request's cost at the ingress).
+        """
+        if path not in GENERATION_PATHS:
+            return None
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw_headers}
+        try:
+            slo = parse_slo(headers, self._config.routing)
+            policy, single_pool = parse_route_policy(
+                headers, self._config.routing, self._config.pools
+            )
+        except SLOHeaderError:
+            return None  # the full path answers with the parameter named
+        smallest = RequestFeatures(prompt_tokens=1, max_tokens=1)
+        decision = self._router.decide(smallest, slo, time.time(), policy, single_pool)
+        if isinstance(decision, RouteTo) or decision.status == 400:
+            return None
+        self._metrics.route("none", decision.reason.value)
+        err = reject_error(decision)
+        self._metrics.request("none", slo.slo_class, outcome_of(err.status_code))
+        return err
 
     def _check_limits(self, prompt_tokens: int, max_tokens: int) -> None:
         limits = self._config.limits

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -163,19 +164,29 @@ class Guard:
         return None
 
 
+# Before the body is read: (path, headers) -> an error to answer now, or None to go on.
+EarlyCheck = Callable[[str, list[tuple[bytes, bytes]]], ServeError | None]
+
+
 class GuardMiddleware:
     """ASGI middleware applying the app's Guard (app.state.guard, set when the ingress starts)
-    before routing and body parsing; without one (not started yet) requests pass untouched."""
+    before routing and body parsing, then the ingress's early admission check
+    (app.state.early_check: refuses what no prompt could change, without parsing the body);
+    without them (not started yet) requests pass untouched."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        guard: Guard | None = getattr(scope["app"].state, "guard", None) if "app" in scope else None
+        state = scope["app"].state if "app" in scope else None
+        guard: Guard | None = getattr(state, "guard", None)
         if scope["type"] != "http" or guard is None:
             await self.app(scope, receive, send)
             return
         refusal = guard.check(scope["path"], scope["headers"])
+        early: EarlyCheck | None = getattr(state, "early_check", None)
+        if refusal is None and early is not None:
+            refusal = early(scope["path"], scope["headers"])
         if refusal is not None:
             await _respond(send, refusal)
             return
@@ -207,5 +218,7 @@ async def _respond(send: Send, err: ServeError) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if isinstance(err, Unauthorized):
         headers.append((b"www-authenticate", b"Bearer"))
+    if err.retry_after_s is not None:
+        headers.append((b"retry-after", str(max(1, math.ceil(err.retry_after_s))).encode()))
     await send({"type": "http.response.start", "status": err.status_code, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -142,3 +142,23 @@ def test_key_file_rotates_without_restart(tmp_path: Path, monkeypatch: pytest.Mo
 def test_missing_key_file_fails_at_start(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="api_keys_file"):
         Guard(LimitsConfig(), AuthConfig(api_keys_file=str(tmp_path / "nope")), {})
+
+
+async def test_early_check_answers_before_the_body_is_read() -> None:
+    from serve_app.ingress.errors import SLOUnmeetable
+
+    app = _App()
+    app.state.guard = Guard(LimitsConfig(), AuthConfig(), {})  # type: ignore[attr-defined]
+    seen: list[str] = []
+
+    def early(path: str, headers: list[tuple[bytes, bytes]]) -> SLOUnmeetable | None:
+        seen.append(path)
+        return SLOUnmeetable("busy", code="saturated", retry_after_s=1.5)
+
+    app.state.early_check = early  # type: ignore[attr-defined]
+    sent = await _call(app, [], [b'{"prompt": "hi"}'])
+    assert seen == ["/v1/completions"]
+    assert sent[0]["status"] == 429
+    assert (b"retry-after", b"2") in sent[0]["headers"]
+    assert json.loads(sent[1]["body"])["error"]["code"] == "saturated"
+    assert app.body == b""
