@@ -30,9 +30,12 @@ SINGLE_NODE_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 # one address, the proxy's port) and minus its 1,000-record log buffer (a start-up warning must
 # reach the log when it happens; the app logs little per request). Read by every Ray process at
 # import, so it is set before Ray starts and inherited; on a cluster, set the same in the nodes'
-# environment (rayservice.yaml).
+# environment (rayservice.yaml). gRPC is also named explicitly: Ray 2.60 derives the proxy's
+# transport (RAY_SERVE_PROXY_USE_GRPC) before the throughput-optimized block turns gRPC on, so
+# without it the proxy -> ingress hop stays on Ray object references.
 SERVE_ENV = {
     "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+    "RAY_SERVE_USE_GRPC_BY_DEFAULT": "1",
     "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0",
     "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1",
 }
