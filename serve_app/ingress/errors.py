@@ -46,6 +46,21 @@ class BadRequest(ServeError):
     error_type = "invalid_request_error"
 
 
+class Unauthorized(ServeError):
+    status_code = 401
+    error_type = "authentication_error"
+
+
+class PayloadTooLarge(ServeError):
+    status_code = 413
+    error_type = "invalid_request_error"
+
+
+class HeadersTooLarge(ServeError):
+    status_code = 431
+    error_type = "invalid_request_error"
+
+
 class NotFound(ServeError):
     status_code = 404
     error_type = "not_found_error"

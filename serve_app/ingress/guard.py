@@ -12,9 +12,7 @@ open so orchestrators need no key.
 from __future__ import annotations
 
 import hmac
-import json
 import logging
-import math
 import os
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -23,7 +21,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from serve_app.ingress.errors import ServeError, error_body
+from serve_app.ingress.errors import (
+    HeadersTooLarge,
+    PayloadTooLarge,
+    ServeError,
+    Unauthorized,
+    error_response,
+)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -35,21 +39,6 @@ logger = logging.getLogger("ray.serve")
 
 KEY_FILE_CHECK_S = 1.0
 OPEN_PATHS = frozenset({"/health", "/ready", "/-/healthz", "/-/routes"})
-
-
-class Unauthorized(ServeError):
-    status_code = 401
-    error_type = "authentication_error"
-
-
-class PayloadTooLarge(ServeError):
-    status_code = 413
-    error_type = "invalid_request_error"
-
-
-class HeadersTooLarge(ServeError):
-    status_code = 431
-    error_type = "invalid_request_error"
 
 
 class AuthConfig(BaseModel):
@@ -126,7 +115,7 @@ class Guard:
     def key_count(self) -> int:
         return len(self._keys)
 
-    def _file_mtime(self) -> float | None:
+    def _file_mtime(self) -> int | None:
         try:
             return self._file.stat().st_mtime_ns if self._file else None
         except OSError:
@@ -188,7 +177,7 @@ class GuardMiddleware:
         if refusal is None and early is not None:
             refusal = early(scope["path"], scope["headers"])
         if refusal is not None:
-            await _respond(send, refusal)
+            await _respond(scope, receive, send, refusal)
             return
         await self.app(scope, _bounded(receive, guard.limits.max_body_bytes), send)
 
@@ -213,12 +202,6 @@ def _too_large(limit: int) -> PayloadTooLarge:
     return PayloadTooLarge(f"request body exceeds {limit} bytes", code="body_too_large")
 
 
-async def _respond(send: Send, err: ServeError) -> None:
-    body = json.dumps(error_body(err)).encode("ascii")
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if isinstance(err, Unauthorized):
-        headers.append((b"www-authenticate", b"Bearer"))
-    if err.retry_after_s is not None:
-        headers.append((b"retry-after", str(max(1, math.ceil(err.retry_after_s))).encode()))
-    await send({"type": "http.response.start", "status": err.status_code, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+async def _respond(scope: Scope, receive: Receive, send: Send, err: ServeError) -> None:
+    headers = {"WWW-Authenticate": "Bearer"} if isinstance(err, Unauthorized) else None
+    await error_response(err, headers)(scope, receive, send)

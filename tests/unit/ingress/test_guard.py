@@ -109,7 +109,7 @@ async def test_middleware_refuses_with_an_openai_body() -> None:
 
 
 async def test_middleware_bounds_chunked_bodies() -> None:
-    from serve_app.ingress.guard import PayloadTooLarge
+    from serve_app.ingress.errors import PayloadTooLarge
 
     app = _App()
     app.state.guard = Guard(LimitsConfig(max_body_bytes=1024), AuthConfig(), {})  # type: ignore[attr-defined]
