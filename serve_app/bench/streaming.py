@@ -32,7 +32,6 @@ import psutil
 import yaml
 
 from serve_app.app import _served_name
-from serve_app.cli import wait_ready
 from serve_app.profiles import (
     ResolvedProfile,
     detect_platform,
@@ -93,13 +92,14 @@ class Server:
     proc: subprocess.Popen[bytes]
 
 
-def _wait_health(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+def _wait_ok(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """Poll url until 200; fail at once if the server process exits first."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode} before {url} was ready")
         try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+            if httpx.get(url, timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
@@ -154,8 +154,8 @@ def servers(
             app_cmd, env={**os.environ, **app_env}, stdout=alog, stderr=subprocess.STDOUT
         )
         try:
-            _wait_health(f"http://{LOOPBACK}:{vllm_port}", vllm, 900)
-            wait_ready(f"http://{LOOPBACK}:{app_port}", 900)
+            _wait_ok(f"http://{LOOPBACK}:{vllm_port}/health", vllm, 900)
+            _wait_ok(f"http://{LOOPBACK}:{app_port}/ready", app, 900)
             yield (
                 Server("vllm serve", f"http://{LOOPBACK}:{vllm_port}", vllm),
                 Server("app", f"http://{LOOPBACK}:{app_port}", app),

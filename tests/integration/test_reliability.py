@@ -397,7 +397,7 @@ def test_engine_core_killed_under_load(app_server: AppServer) -> None:
         try:
             engine_pid = _engine_core_of("low-latency").pid
             request = GenerationRequest("probe", [5, 6, 7], max_tokens=2)
-            chunks = list(_collect(handle.options(stream=True).generate.remote(request)))
+            chunks = list(handle.options(stream=True).generate.remote(request))
             if engine_pid != victim.pid and chunks and chunks[-1].finish_reason:
                 recovered = time.monotonic() - kill
                 break
@@ -406,10 +406,6 @@ def test_engine_core_killed_under_load(app_server: AppServer) -> None:
         time.sleep(1)
     print(f"low-latency pool back at full strength {recovered} s after the kill")
     assert recovered is not None
-
-
-def _collect(stream: Any) -> Iterator[Any]:
-    yield from stream
 
 
 def test_redeploy_lets_in_flight_streams_finish(app_server: AppServer) -> None:
