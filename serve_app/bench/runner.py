@@ -11,7 +11,7 @@ from tqdm import tqdm
 
 from serve_app.bench.memory import MemoryProbe
 from serve_app.bench.targets import Sample, Target
-from serve_app.bench.workload import RequestSpec, Workload, expand
+from serve_app.bench.workload import Arrival, RequestSpec, Workload, expand
 
 
 @dataclass
@@ -142,3 +142,43 @@ def summarize(result: RunResult) -> dict[str, Any]:
         "peak_mem_gib": result.peak_mem_gib,
         "wall_s": result.wall_s,
     }
+
+
+def workloads_for(base: Workload, concurrency: str | None, rate: str | None) -> list[Workload]:
+    if rate:
+        poisson = [Arrival(kind="poisson", rate=float(r)) for r in rate.split(",")]
+        return [base.with_arrival(arrival) for arrival in poisson]
+    if not concurrency:
+        return [base]
+    return [
+        base.with_arrival(Arrival(kind="closed", concurrency=int(c)))
+        for c in concurrency.split(",")
+    ]
+
+
+async def run_targets(
+    targets: list[Target], workloads: list[Workload], repeats: int
+) -> list[dict[str, Any]]:
+    """Every (workload, repeat) runs each target in turn; repeats stay separate rows."""
+    probe_rows: list[dict[str, Any]] = []
+    for target in targets:
+        await target.start()
+    try:
+        for workload in workloads:
+            for r in range(repeats):
+                for target in targets:
+                    probe = MemoryProbe()
+                    result = await run_workload(target, workload, probe)
+                    row = summarize(result)
+                    row["repeat"] = r
+                    probe_rows.append(row)
+                    print(
+                        f"{row['target']:>28} conc={row['concurrency']} rate={row['rate']} "
+                        f"tok/s={row['output_tok_s']:,.0f} TTFT p50={row['ttft_ms']['p50']} "
+                        f"errors={row['errors']}",
+                        flush=True,
+                    )
+    finally:
+        for target in targets:
+            await target.stop()
+    return probe_rows

@@ -13,6 +13,7 @@ The app's routing stays on the path (class `batch`: no SLO, so nothing is refuse
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import signal
@@ -125,7 +126,12 @@ def servers(
     app_env: dict[str, str],
     vllm_env: dict[str, str],
     vllm_args: list[str],
-) -> Iterator[tuple[Server, Server, ResolvedProfile]]:
+    haproxy: bool = False,
+    direct_ingress: bool = False,
+) -> Iterator[tuple[list[Server], ResolvedProfile]]:
+    """`vllm serve` and the app, ready; both stopped on exit. With haproxy the app runs behind
+    HAProxy (`serve-app run --haproxy`) and Serve's fallback proxy is a target too; with
+    direct_ingress the app's ingress replica's own port is one."""
     from serve_app.engine.builtin_model import resolve_model
 
     vllm_port, app_port, dashboard_port, metrics_port = ports
@@ -146,24 +152,60 @@ def servers(
     app_cmd = [
         sys.executable, "-m", "serve_app", "run", str(config_path), "--port", str(app_port),
         "--dashboard-port", str(dashboard_port), "--metrics-port", str(metrics_port),
+        *(["--haproxy"] if haproxy else []),
     ]  # fmt: skip
     log_dir.mkdir(parents=True, exist_ok=True)
     with (log_dir / "vllm-serve.log").open("wb") as vlog, (log_dir / "app.log").open("wb") as alog:
         vllm = subprocess.Popen(vllm_cmd, env=env, stdout=vlog, stderr=subprocess.STDOUT)
+        if direct_ingress:
+            app_env = {**app_env, "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"}
         app = subprocess.Popen(
             app_cmd, env={**os.environ, **app_env}, stdout=alog, stderr=subprocess.STDOUT
         )
         try:
             _wait_ok(f"http://{LOOPBACK}:{vllm_port}/health", vllm, 900)
             _wait_ok(f"http://{LOOPBACK}:{app_port}/ready", app, 900)
-            yield (
+            targets = [
                 Server("vllm serve", f"http://{LOOPBACK}:{vllm_port}", vllm),
                 Server("app", f"http://{LOOPBACK}:{app_port}", app),
-                profile,
-            )
+            ]
+            if haproxy:
+                fallback = f"http://{LOOPBACK}:{FALLBACK_PROXY_PORT}"
+                _wait_ok(f"{fallback}/ready", app, 60)
+                targets.append(Server("app serve-proxy", fallback, app))
+            if direct_ingress:
+                targets.append(Server("app direct", direct_ingress_url(app.pid), app))
+            yield targets, profile
         finally:
             _stop(app)
             _stop(vllm)
+
+
+# Behind HAProxy, Serve's proxy stays up as HAProxy's fallback on this port (Ray's default).
+FALLBACK_PROXY_PORT = 8500
+# Serve's direct ingress gives each ingress replica its own HTTP port from this range.
+DIRECT_INGRESS_PORTS = range(30000, 31001)
+
+
+def direct_ingress_url(app_root: int, timeout_s: float = 60) -> str:
+    """The HTTP address of the app's (first) ingress replica under Serve's direct ingress."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for proc in psutil.Process(app_root).children(recursive=True):
+            try:
+                if "ServeReplica:llm:Ingress" not in " ".join(proc.cmdline()):
+                    continue
+                ports = sorted(
+                    c.laddr.port
+                    for c in proc.net_connections(kind="tcp")
+                    if c.status == psutil.CONN_LISTEN and c.laddr.port in DIRECT_INGRESS_PORTS
+                )
+            except psutil.Error:
+                continue
+            if ports:
+                return f"http://{LOOPBACK}:{ports[0]}"
+        time.sleep(1)
+    raise TimeoutError("no ingress replica listens on a direct-ingress port")
 
 
 ROLES = (
@@ -236,52 +278,104 @@ def bench_once(
     return row
 
 
+# App-side targets: the app at its address (Serve's proxy; HAProxy with --haproxy), Serve's
+# fallback proxy behind HAProxy (--haproxy), and the app's ingress replica on its own HTTP port
+# (--direct-ingress: Serve's direct ingress, no proxy hop).
+APP_TARGETS = (("app", "app"), ("app serve-proxy", "proxy"), ("app direct", "direct"))
+
+
+def run_harness(
+    workload_path: Path,
+    concurrency: str,
+    profile: ResolvedProfile,
+    servers: list[Server],
+    out: Path,
+    gpu_memory_utilization: float | None,
+) -> None:
+    """The bench's own client (serve_app.bench) against the bare engine, in this process, and
+    every server: the same workload, the same request timing, at each concurrency in turn."""
+    from serve_app.bench.report import markdown_table, ratio_table, write_outputs
+    from serve_app.bench.runner import run_targets, workloads_for
+    from serve_app.bench.targets import EngineTarget, HTTPTarget, Target
+    from serve_app.bench.workload import Arrival, load_workload
+
+    if gpu_memory_utilization is not None:  # it shares a GPU with one of the servers
+        engine = profile.engine.model_copy(
+            update={"gpu_memory_utilization": gpu_memory_utilization}
+        )
+        profile = profile.model_copy(update={"engine": engine})
+    targets: list[Target] = [EngineTarget(profile, name="bare engine")]
+    targets += [HTTPTarget(s.url, s.name, send_slo_class=s.name != "vllm serve") for s in servers]
+    base = load_workload(workload_path)
+    # warm-up (dropped): the engine's first requests compile and fill caches, as the servers'
+    # did in their warm-up runs
+    warm = base.model_copy(update={"requests": 8}).with_arrival(
+        Arrival(kind="closed", concurrency=4)
+    )
+    rows = asyncio.run(run_targets(targets, [warm, *workloads_for(base, concurrency, None)], 1))
+    rows = rows[len(targets) :]
+    ratios = ratio_table(rows, "bare engine")
+    write_outputs(rows, out, "harness", "\n" + ratios + "\n")
+    print(markdown_table(rows) + "\n\n" + ratios, flush=True)
+
+
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per concurrency: means of both targets and the paired ratios app / vllm serve."""
+    """Per concurrency: means of every target and the paired ratios to `vllm serve`."""
     out = []
     for conc in sorted({r["concurrency"] for r in rows}):
         pairs = [r for r in rows if r["concurrency"] == conc]
-        app = [r for r in pairs if r["target"] == "app"]
         ref = [r for r in pairs if r["target"] == "vllm serve"]
-        ratios = [
-            a["output_throughput"] / v["output_throughput"]
-            for a, v in zip(app, ref, strict=True)
-            if v["output_throughput"]
-        ]
-        out.append(
-            {
-                "concurrency": conc,
-                "vllm_tok_s": statistics.mean(r["output_throughput"] for r in ref),
-                "app_tok_s": statistics.mean(r["output_throughput"] for r in app),
-                "tok_s_ratio": statistics.mean(ratios),
-                "tok_s_ratio_min": min(ratios),
-                "vllm_ttft_p50_ms": statistics.mean(r["median_ttft_ms"] for r in ref),
-                "app_ttft_p50_ms": statistics.mean(r["median_ttft_ms"] for r in app),
-                "ttft_p50_delta_ms": statistics.mean(
+        s: dict[str, Any] = {
+            "concurrency": conc,
+            "vllm_tok_s": statistics.mean(r["output_throughput"] for r in ref),
+            "vllm_ttft_p50_ms": statistics.mean(r["median_ttft_ms"] for r in ref),
+            "vllm_tpot_p50_ms": statistics.mean(r["median_tpot_ms"] for r in ref),
+        }
+        for target, key in APP_TARGETS:
+            app = [r for r in pairs if r["target"] == target]
+            if not app:
+                continue
+            ratios = [
+                a["output_throughput"] / v["output_throughput"]
+                for a, v in zip(app, ref, strict=True)
+                if v["output_throughput"]
+            ]
+            prefix = "" if key == "app" else f"{key}_"
+            s |= {
+                f"{key}_tok_s": statistics.mean(r["output_throughput"] for r in app),
+                f"{prefix}tok_s_ratio": statistics.mean(ratios),
+                f"{prefix}tok_s_ratio_min": min(ratios),
+                f"{key}_ttft_p50_ms": statistics.mean(r["median_ttft_ms"] for r in app),
+                f"{prefix}ttft_p50_delta_ms": statistics.mean(
                     a["median_ttft_ms"] - v["median_ttft_ms"] for a, v in zip(app, ref, strict=True)
                 ),
-                "vllm_tpot_p50_ms": statistics.mean(r["median_tpot_ms"] for r in ref),
-                "app_tpot_p50_ms": statistics.mean(r["median_tpot_ms"] for r in app),
+                f"{key}_tpot_p50_ms": statistics.mean(r["median_tpot_ms"] for r in app),
             }
-        )
+        out.append(s)
     return out
 
 
 def table(summary: list[dict[str, Any]]) -> str:
-    lines = [
-        "| conc | vllm serve tok/s | app tok/s | ratio (min) | TTFT p50 vllm / app ms | Δ ms "
-        "| TPOT p50 vllm / app ms |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for s in summary:
-        lines.append(
-            f"| {s['concurrency']} | {s['vllm_tok_s']:,.0f} | {s['app_tok_s']:,.0f} "
-            f"| {s['tok_s_ratio']:.3f} ({s['tok_s_ratio_min']:.3f}) "
-            f"| {s['vllm_ttft_p50_ms']:.1f} / {s['app_ttft_p50_ms']:.1f} "
-            f"| {s['ttft_p50_delta_ms']:+.1f} "
-            f"| {s['vllm_tpot_p50_ms']:.2f} / {s['app_tpot_p50_ms']:.2f} |"
-        )
-    return "\n".join(lines)
+    sections = []
+    for target, key in APP_TARGETS:
+        if not summary or f"{key}_tok_s" not in summary[0]:
+            continue
+        prefix = "" if key == "app" else f"{key}_"
+        lines = [
+            f"| conc | vllm serve tok/s | {target} tok/s | ratio (min) "
+            f"| TTFT p50 vllm / {target} ms | Δ ms | TPOT p50 vllm / {target} ms |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for s in summary:
+            lines.append(
+                f"| {s['concurrency']} | {s['vllm_tok_s']:,.0f} | {s[f'{key}_tok_s']:,.0f} "
+                f"| {s[f'{prefix}tok_s_ratio']:.3f} ({s[f'{prefix}tok_s_ratio_min']:.3f}) "
+                f"| {s['vllm_ttft_p50_ms']:.1f} / {s[f'{key}_ttft_p50_ms']:.1f} "
+                f"| {s[f'{prefix}ttft_p50_delta_ms']:+.1f} "
+                f"| {s['vllm_tpot_p50_ms']:.2f} / {s[f'{key}_tpot_p50_ms']:.2f} |"
+            )
+        sections.append("\n".join(lines))
+    return "\n\n".join(sections)
 
 
 def plot(summary: list[dict[str, Any]], path: Path, title: str) -> None:
@@ -294,8 +388,12 @@ def plot(summary: list[dict[str, Any]], path: Path, title: str) -> None:
     concs = [str(s["concurrency"]) for s in summary]
     x = range(len(concs))
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    width = 0.38
-    for offset, key, label in ((-width / 2, "vllm", "vllm serve"), (width / 2, "app", "app")):
+    series = [("vllm", "vllm serve")] + [
+        (key, target) for target, key in APP_TARGETS if f"{key}_tok_s" in summary[0]
+    ]
+    width = 0.8 / len(series)
+    for n, (key, label) in enumerate(series):
+        offset = (n - (len(series) - 1) / 2) * width
         left.bar([i + offset for i in x], [s[f"{key}_tok_s"] for s in summary], width, label=label)
         right.bar(
             [i + offset for i in x], [s[f"{key}_ttft_p50_ms"] for s in summary], width, label=label
@@ -307,7 +405,7 @@ def plot(summary: list[dict[str, Any]], path: Path, title: str) -> None:
         ax.legend()
     right.set_yscale("log")
     for i, s in enumerate(summary):
-        left.annotate(f"{s['tok_s_ratio']:.2f}x", (i, max(s["vllm_tok_s"], s["app_tok_s"])))
+        left.annotate(f"{s['tok_s_ratio']:.2f}x", (i, max(s[f"{k}_tok_s"] for k, _ in series)))
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -342,6 +440,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--app-pythonpath", help="run the app from another checkout (e.g. a git worktree)"
     )
+    parser.add_argument(
+        "--haproxy",
+        action="store_true",
+        help="run the app behind HAProxy (serve-app run --haproxy); Serve's fallback proxy "
+        "becomes a target too",
+    )
+    parser.add_argument(
+        "--direct-ingress",
+        action="store_true",
+        help="also bench the app's ingress replica on its own port (Serve's direct ingress): "
+        "the same app without the proxy hop",
+    )
+    parser.add_argument(
+        "--harness",
+        type=Path,
+        help="then also run this workload with serve_app.bench's own client against the bare "
+        "engine (in this process), vllm serve and the app",
+    )
+    parser.add_argument("--harness-concurrency", default="1,64,256")
+    parser.add_argument(
+        "--harness-gpu-memory-utilization",
+        type=float,
+        help="for the bare engine, when it shares a GPU with a server",
+    )
     parser.add_argument("--ports", default="18001,18002,18265,18080")
     parser.add_argument("--out", type=Path, default=Path("docs/results/streaming/latest"))
     parser.add_argument("--replot", type=Path, help="only redraw DIR/streaming.png from its JSON")
@@ -350,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
         report = json.loads((args.replot / "streaming.json").read_text())
         plot(report["summary"], args.replot / "streaming.png", f"app vs vllm serve: {args.replot}")
         return 0
-    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    concurrencies = [int(c) for c in args.concurrency.split(",") if c]
     vllm_port, app_port, dashboard_port, metrics_port = (int(p) for p in args.ports.split(","))
     ports = (vllm_port, app_port, dashboard_port, metrics_port)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -363,29 +485,44 @@ def main(argv: list[str] | None = None) -> int:
         )
     logs = args.out / "logs"
     vllm_env = _env_pairs(args.vllm_env)
-    with servers(args.profile, ports, logs, app_env, vllm_env, args.vllm_arg) as (
-        vllm,
-        app,
-        profile,
-    ):
+    with servers(
+        args.profile,
+        ports,
+        logs,
+        app_env,
+        vllm_env,
+        args.vllm_arg,
+        args.haproxy,
+        args.direct_ingress,
+    ) as (targets, profile):
         from serve_app.engine.builtin_model import resolve_model
 
         model, tokenizer = _served_name(profile.model), resolve_model(profile.model)
-        for server in (vllm, app):  # warm-up: first requests compile and fill caches
+        for server in targets if concurrencies else []:  # warm-up: compile, fill caches
             bench_once(server, model, tokenizer, args, 4, args.out)
         for conc in concurrencies:
             for rep in range(args.repeats):
-                order = (vllm, app) if rep % 2 == 0 else (app, vllm)
-                for server in order:
+                for server in targets if rep % 2 == 0 else targets[::-1]:
                     row = bench_once(server, model, tokenizer, args, conc, args.out)
                     rows.append({"target": server.name, "concurrency": conc, "repeat": rep, **row})
                     cpu = ", ".join(f"{k} {v:.2f}" for k, v in row["cpu_cores_by_role"].items())
                     print(
-                        f"c={conc} rep={rep} {server.name:>10}: "
+                        f"c={conc} rep={rep} {server.name:>11}: "
                         f"{row['output_throughput']:,.0f} tok/s, "
                         f"TTFT p50 {row['median_ttft_ms']:.1f} ms; CPU cores: {cpu}",
                         flush=True,
                     )
+        if args.harness:
+            run_harness(
+                args.harness,
+                args.harness_concurrency,
+                profile,
+                targets,
+                args.out,
+                args.harness_gpu_memory_utilization,
+            )
+    if not rows:
+        return 0
     summary = summarize(rows)
     report = {
         "profile": profile.model_dump(mode="json"),

@@ -64,6 +64,25 @@ def test_summary_pairs_runs_and_takes_ratios() -> None:
     assert "| 4 | 100 | 95 | 0.950 (0.900)" in streaming.table([s])
 
 
+def test_summary_takes_the_direct_ingress_target_against_vllm_too() -> None:
+    def row(target: str, tok_s: float, ttft: float) -> dict[str, object]:
+        return {
+            "target": target,
+            "concurrency": 1,
+            "output_throughput": tok_s,
+            "median_ttft_ms": ttft,
+            "median_tpot_ms": 2.0,
+        }
+
+    rows = [row("vllm serve", 100, 10), row("app", 80, 20), row("app direct", 90, 15)]
+    (s,) = streaming.summarize(rows)
+    assert s["tok_s_ratio"] == 0.8 and s["ttft_p50_delta_ms"] == 10
+    assert s["direct_tok_s_ratio"] == 0.9 and s["direct_ttft_p50_delta_ms"] == 5
+    text = streaming.table([s])
+    assert "| 1 | 100 | 80 | 0.800 (0.800)" in text and "| 1 | 100 | 90 | 0.900 (0.900)" in text
+    assert "app direct tok/s" in text
+
+
 def test_plot_writes_a_png(tmp_path: Path) -> None:
     summary = [
         {"concurrency": c, "vllm_tok_s": 100.0 * c, "app_tok_s": 90.0 * c, "tok_s_ratio": 0.9}
