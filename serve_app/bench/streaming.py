@@ -210,6 +210,8 @@ def direct_ingress_url(app_root: int, timeout_s: float = 60) -> str:
 
 ROLES = (
     ("ProxyActor", "serve proxy"),
+    ("HAProxyManager", "ray control"),
+    ("haproxy", "haproxy"),
     ("ServeReplica:llm:Ingress", "ingress"),
     ("ServeReplica:llm:pool-state", "pool-state board"),
     ("ServeReplica:llm:pool-", "pool replica"),
