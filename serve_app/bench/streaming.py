@@ -93,7 +93,7 @@ class Server:
     proc: subprocess.Popen[bytes]
 
 
-def _wait_ok(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+def wait_ok(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
     """Poll url until 200; fail at once if the server process exits first."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -163,15 +163,15 @@ def servers(
             app_cmd, env={**os.environ, **app_env}, stdout=alog, stderr=subprocess.STDOUT
         )
         try:
-            _wait_ok(f"http://{LOOPBACK}:{vllm_port}/health", vllm, 900)
-            _wait_ok(f"http://{LOOPBACK}:{app_port}/ready", app, 900)
+            wait_ok(f"http://{LOOPBACK}:{vllm_port}/health", vllm, 900)
+            wait_ok(f"http://{LOOPBACK}:{app_port}/ready", app, 900)
             targets = [
                 Server("vllm serve", f"http://{LOOPBACK}:{vllm_port}", vllm),
                 Server("app", f"http://{LOOPBACK}:{app_port}", app),
             ]
             if haproxy:
                 fallback = f"http://{LOOPBACK}:{FALLBACK_PROXY_PORT}"
-                _wait_ok(f"{fallback}/ready", app, 60)
+                wait_ok(f"{fallback}/ready", app, 60)
                 targets.append(Server("app serve-proxy", fallback, app))
             if direct_ingress:
                 targets.append(Server("app direct", direct_ingress_url(app.pid), app))
@@ -307,7 +307,9 @@ def run_harness(
         )
         profile = profile.model_copy(update={"engine": engine})
     targets: list[Target] = [EngineTarget(profile, name="bare engine")]
-    targets += [HTTPTarget(s.url, s.name, send_slo_class=s.name != "vllm serve") for s in servers]
+    # No SLO class header: the app takes its default class (batch here, as for `vllm bench
+    # serve`), so nothing is refused and every target serves the same requests.
+    targets += [HTTPTarget(s.url, s.name, send_slo_class=False) for s in servers]
     base = load_workload(workload_path)
     # warm-up (dropped): the engine's first requests compile and fill caches, as the servers'
     # did in their warm-up runs
@@ -514,6 +516,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"TTFT p50 {row['median_ttft_ms']:.1f} ms; CPU cores: {cpu}",
                         flush=True,
                     )
+        if rows:  # written before the servers stop: a run cut short at shutdown keeps them
+            write_report(args, profile, app_env, started, rows)
         if args.harness:
             run_harness(
                 args.harness,
@@ -523,8 +527,16 @@ def main(argv: list[str] | None = None) -> int:
                 args.out,
                 args.harness_gpu_memory_utilization,
             )
-    if not rows:
-        return 0
+    return 0
+
+
+def write_report(
+    args: argparse.Namespace,
+    profile: ResolvedProfile,
+    app_env: dict[str, str],
+    started: float,
+    rows: list[dict[str, Any]],
+) -> None:
     summary = summarize(rows)
     report = {
         "profile": profile.model_dump(mode="json"),
@@ -537,8 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "streaming.json").write_text(json.dumps(report, indent=2))
     (args.out / "streaming.md").write_text(table(summary) + "\n")
     plot(summary, args.out / "streaming.png", f"app vs vllm serve, profile {args.profile}")
-    print(table(summary))
-    return 0
+    print(table(summary), flush=True)
 
 
 if __name__ == "__main__":

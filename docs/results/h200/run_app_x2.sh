@@ -25,6 +25,6 @@ curl -sf $URL/ready
   done
 } > "$OUT/placement.txt" 2>&1
 cat "$OUT/placement.txt"
-python3 -m serve_app.bench run --workload workloads/mixed-gpu.yaml --rate 20,80,320 \
+python3 -m serve_app.bench run --workload workloads/mixed-gpu.yaml --rate "${RATES:-20,80,320}" \
   --target app@slo:$URL --target app@round-robin:$URL --target app@single=throughput:$URL \
   --out "$OUT/goodput" --name goodput-h200 2>&1 | grep -v "it/s]" | tail -30
