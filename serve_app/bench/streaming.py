@@ -8,6 +8,10 @@ with the profile's engine arguments as flags, and the app (`serve-app run`) with
 its only pool. Then, per concurrency and repeat, runs `vllm bench serve` against each in turn
 (alternating which goes first) and prints output tok/s and TTFT/TPOT of both with the ratios.
 The app's routing stays on the path (class `batch`: no SLO, so nothing is refused).
+
+--haproxy runs the app behind HAProxy (`serve-app run --haproxy`) and adds Serve's fallback proxy
+as a target; --direct-ingress adds the ingress replica's own port; --harness WORKLOAD then drives
+the bare engine (in this process), `vllm serve` and the app with serve_app.bench's own client.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On nvidia-h200-x2 after ../shared/gpu/remote_install.sh: `vllm serve` on GPU 0 and the app on
 # GPU 1, same engine arguments (profiles/h200-stream.yaml), `vllm bench serve` against both,
-# alternating. MODE=after runs this checkout; MODE=before runs the app from ./before-app (the
-# session-1 serving path: `git archive d34ce1e serve_app | tar -x -C before-app`).
+# alternating. MODE=before runs the app from ./before-app (the session-1 serving path:
+# `git archive d34ce1e serve_app | tar -x -C before-app`, its cli.py finding `serve` on PATH);
+# any other MODE (after, harness) runs this checkout, MODE naming the output folder.
 set -euo pipefail
 source /tmp/site/env.sh
 export PYTHONPATH=$PWD:/tmp/site SERVE_APP_PROFILES_DIR=$PWD/docs/results/streaming/profiles
