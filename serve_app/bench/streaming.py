@@ -112,11 +112,12 @@ def wait_ok(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
     raise TimeoutError(f"{url} not healthy in {timeout_s} s")
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
+    """SIGTERM, then SIGKILL after timeout_s."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(timeout=60)
+            proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
@@ -181,8 +182,8 @@ def servers(
                 targets.append(Server("app direct", direct_ingress_url(app.pid), app))
             yield targets, profile
         finally:
-            _stop(app)
-            _stop(vllm)
+            stop_process(app)
+            stop_process(vllm)
 
 
 # Behind HAProxy, Serve's proxy stays up as HAProxy's fallback on this port (Ray's default).

@@ -48,6 +48,30 @@ class AppServer:
         return httpx.Client(base_url=self.url, timeout=60, **kwargs)
 
 
+def stream_then_leave(client: httpx.Client, body: dict[str, Any]) -> tuple[int, dict[str, int]]:
+    """Start a streamed completion, read a few events, close it. Returns the pool's running count
+    seen while streaming and the pool's state once idle (or after 5 s)."""
+    with client.stream("POST", "/v1/completions", json=body) as r:
+        assert r.status_code == 200, r.read()
+        pool = r.headers["x-serve-pool"]
+        lines = r.iter_lines()
+        for _ in range(6):
+            next(lines)
+        # the engine's report reaches the ingress within ~0.5 s
+        deadline = time.monotonic() + 3
+        running = 0
+        while time.monotonic() < deadline and not running:
+            running = client.get("/pools").json()[pool]["running"]
+            time.sleep(0.1)
+    # the stream is closed: within 5 s the engine must have no request left
+    deadline = time.monotonic() + 5
+    state: dict[str, int] = client.get("/pools").json()[pool]
+    while time.monotonic() < deadline and (state["running"] or state["waiting"]):
+        time.sleep(0.25)
+        state = client.get("/pools").json()[pool]
+    return running, state
+
+
 def app_statuses(dashboard_url: str) -> dict[str, Any]:
     from ray.dashboard.modules.serve.sdk import ServeSubmissionClient
 

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.integration.conftest import AppServer
+from tests.integration.conftest import AppServer, stream_then_leave
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -160,24 +159,8 @@ def test_client_disconnect_aborts_the_engine_request(app_server: AppServer) -> N
     body = {"model": MODEL, "prompt": "Tell me a long story", "max_tokens": 3000}
     body |= {"ignore_eos": True, "stream": True}
     with app_server.client() as c:
-        with c.stream("POST", "/v1/completions", json=body) as r:
-            pool = r.headers["x-serve-pool"]
-            lines = r.iter_lines()
-            for _ in range(6):
-                next(lines)
-            # the engine's report reaches the ingress within ~0.5 s
-            deadline = time.monotonic() + 3
-            running_before = 0
-            while time.monotonic() < deadline and not running_before:
-                running_before = c.get("/pools").json()[pool]["running"]
-                time.sleep(0.1)
-        # the stream is closed: within 5 s the engine must have no request left
-        deadline = time.monotonic() + 5
-        state = c.get("/pools").json()[pool]
-        while time.monotonic() < deadline and (state["running"] or state["waiting"]):
-            time.sleep(0.25)
-            state = c.get("/pools").json()[pool]
-    assert running_before >= 1
+        running, state = stream_then_leave(c, body)
+    assert running >= 1
     assert (state["running"], state["waiting"]) == (0, 0)
 
 

@@ -8,10 +8,8 @@ and test servers bind to 127.0.0.1 only. Its latency is measured by the streamin
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -19,8 +17,8 @@ import psutil
 import pytest
 import yaml
 
-from serve_app.bench.streaming import direct_ingress_url, wait_ok
-from tests.integration.conftest import ROOT, free_ports
+from serve_app.bench.streaming import direct_ingress_url, stop_process, wait_ok
+from tests.integration.conftest import ROOT, free_ports, stream_then_leave
 from tests.integration.test_app import MODEL, sse_events
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -49,12 +47,7 @@ def urls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
         wait_ok(f"{proxy}/ready", proc, 400)
         yield proxy, direct_ingress_url(proc.pid)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=180)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, timeout_s=180)
 
 
 def test_the_ingress_replica_listens_on_loopback_only(urls: tuple[str, str]) -> None:
@@ -98,20 +91,6 @@ def test_a_client_leaving_the_replica_port_aborts_the_engine_request(
     body = {"model": MODEL, "prompt": "Tell me a long story", "max_tokens": 1500}
     body |= {"ignore_eos": True, "stream": True}
     with httpx.Client(base_url=direct, timeout=60) as c:
-        with c.stream("POST", "/v1/completions", json=body) as r:
-            assert r.status_code == 200
-            lines = r.iter_lines()
-            for _ in range(6):
-                next(lines)
-            deadline = time.monotonic() + 3
-            running = 0
-            while time.monotonic() < deadline and not running:
-                running = c.get("/pools").json()["low-latency"]["running"]
-                time.sleep(0.1)
-        deadline = time.monotonic() + 5
-        state = c.get("/pools").json()["low-latency"]
-        while time.monotonic() < deadline and (state["running"] or state["waiting"]):
-            time.sleep(0.25)
-            state = c.get("/pools").json()["low-latency"]
+        running, state = stream_then_leave(c, body)
     assert running >= 1
     assert (state["running"], state["waiting"]) == (0, 0)

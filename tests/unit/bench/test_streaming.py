@@ -46,16 +46,18 @@ def test_app_config_serves_one_pool_without_slo_refusals(tmp_path: Path) -> None
     assert config["http_options"] == {**config["http_options"], "port": 9999}
 
 
-def test_summary_pairs_runs_and_takes_ratios() -> None:
-    def row(target: str, tok_s: float, ttft: float) -> dict[str, object]:
-        return {
-            "target": target,
-            "concurrency": 4,
-            "output_throughput": tok_s,
-            "median_ttft_ms": ttft,
-            "median_tpot_ms": 5.0,
-        }
+def row(target: str, tok_s: float, ttft: float, conc: int = 4) -> dict[str, object]:
+    """One `vllm bench serve` result as the bench records it."""
+    return {
+        "target": target,
+        "concurrency": conc,
+        "output_throughput": tok_s,
+        "median_ttft_ms": ttft,
+        "median_tpot_ms": 5.0,
+    }
 
+
+def test_summary_pairs_runs_and_takes_ratios() -> None:
     rows = [row("vllm serve", 100, 10), row("app", 90, 13), row("app", 100, 12)]
     rows.append(row("vllm serve", 100, 10))
     (s,) = streaming.summarize(rows)
@@ -65,16 +67,7 @@ def test_summary_pairs_runs_and_takes_ratios() -> None:
 
 
 def test_summary_takes_the_direct_ingress_target_against_vllm_too() -> None:
-    def row(target: str, tok_s: float, ttft: float) -> dict[str, object]:
-        return {
-            "target": target,
-            "concurrency": 1,
-            "output_throughput": tok_s,
-            "median_ttft_ms": ttft,
-            "median_tpot_ms": 2.0,
-        }
-
-    rows = [row("vllm serve", 100, 10), row("app", 80, 20), row("app direct", 90, 15)]
+    rows = [row("vllm serve", 100, 10, 1), row("app", 80, 20, 1), row("app direct", 90, 15, 1)]
     (s,) = streaming.summarize(rows)
     assert s["tok_s_ratio"] == 0.8 and s["ttft_p50_delta_ms"] == 10
     assert s["direct_tok_s_ratio"] == 0.9 and s["direct_ttft_p50_delta_ms"] == 5
