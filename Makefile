@@ -4,6 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
 PYTEST_ARGS ?=
+RUN_ARGS ?=   # e.g. RUN_ARGS=--haproxy
 
 .PHONY: venv system-deps run test unit lint typecheck dashboard clean
 
@@ -14,7 +15,7 @@ system-deps:
 	@bash scripts/install_system.sh
 
 run: venv
-	$(PY) -m serve_app run serve_config.yaml --port $(PORT)
+	$(PY) -m serve_app run serve_config.yaml --port $(PORT) $(RUN_ARGS)
 
 test: venv system-deps lint typecheck
 	$(PY) -m serve_app.observability check
