@@ -4,7 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
 PYTEST_ARGS ?=
-RUN_ARGS ?=   # e.g. RUN_ARGS=--haproxy
+# extra `serve-app run` flags, e.g. RUN_ARGS=--haproxy
+RUN_ARGS ?=
 
 .PHONY: venv system-deps run test unit lint typecheck dashboard clean
 
