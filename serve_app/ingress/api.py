@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -50,7 +50,7 @@ from serve_app.ingress.guard import (
 from serve_app.ingress.prompts import PromptRenderer
 from serve_app.ingress.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
 from serve_app.metrics import IngressMetrics, Outcome, outcome_of
-from serve_app.routing.config import RoutingConfig
+from serve_app.routing.config import Policy, RoutingConfig
 from serve_app.routing.policy import RequestFeatures, RouteTo
 from serve_app.routing.router import Load, Router
 from serve_app.routing.slo import (
@@ -62,6 +62,11 @@ from serve_app.routing.slo import (
 )
 
 logger = logging.getLogger("ray.serve")
+
+# The request's SLO and routing policy headers, parsed once: by the early admission check when it
+# runs (kept in request.state under this name), else by the route step.
+_RouteHeaders = tuple[SLO, Policy, str | None]
+PARSED_HEADERS = "route_headers"
 
 
 class PoolInfo(BaseModel):
@@ -298,9 +303,7 @@ class Ingress:
         slo_class = slo_class or request.headers.get(CLASS_HEADER, "")
         self._metrics.request(pool, slo_class, outcome_of(err.status_code))
 
-    def _early_refusal(
-        self, path: str, raw_headers: list[tuple[bytes, bytes]]
-    ) -> ServeError | None:
+    def _early_refusal(self, scope: MutableMapping[str, Any]) -> ServeError | None:
         """Under overload, refuse from the headers alone what routing would refuse anyway.
 
         Predicted latency only grows with prompt length and max_tokens, so if the smallest
@@ -308,16 +311,15 @@ class Ingress:
         or the SLO unmeetable even so — the real one would be too: answer now, before reading,
         parsing and tokenizing the body (most of a request's cost at the ingress).
         """
-        if path not in GENERATION_PATHS:
+        if scope["path"] not in GENERATION_PATHS:
             return None
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw_headers}
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         try:
-            slo = parse_slo(headers, self._config.routing)
-            policy, single_pool = parse_route_policy(
-                headers, self._config.routing, self._config.pools
-            )
+            parsed = self._parse_route_headers(headers)
         except SLOHeaderError:
             return None  # the full path answers with the parameter named
+        scope.setdefault("state", {})[PARSED_HEADERS] = parsed  # request.state, for _route
+        slo, policy, single_pool = parsed
         smallest = RequestFeatures(prompt_tokens=1, max_tokens=1)
         decision = self._router.decide(smallest, slo, time.time(), policy, single_pool)
         if isinstance(decision, RouteTo) or decision.status == 400:
@@ -352,14 +354,19 @@ class Ingress:
                 code="model_not_found",
             )
 
+    def _parse_route_headers(self, headers: Mapping[str, str]) -> _RouteHeaders:
+        slo = parse_slo(headers, self._config.routing)
+        policy, single_pool = parse_route_policy(headers, self._config.routing, self._config.pools)
+        return slo, policy, single_pool
+
     def _route(self, ids: list[int], max_tokens: int, request: Request) -> _Routed:
-        try:
-            slo = parse_slo(request.headers, self._config.routing)
-            policy, single_pool = parse_route_policy(
-                request.headers, self._config.routing, self._config.pools
-            )
-        except SLOHeaderError as e:
-            raise BadRequest(str(e), param=e.header) from None
+        parsed: _RouteHeaders | None = getattr(request.state, PARSED_HEADERS, None)
+        if parsed is None:
+            try:
+                parsed = self._parse_route_headers(request.headers)
+            except SLOHeaderError as e:
+                raise BadRequest(str(e), param=e.header) from None
+        slo, policy, single_pool = parsed
         features = RequestFeatures(prompt_tokens=len(ids), max_tokens=max_tokens)
         decision = self._router.decide(features, slo, time.time(), policy, single_pool)
         if not isinstance(decision, RouteTo):

@@ -153,8 +153,9 @@ class Guard:
         return None
 
 
-# Before the body is read: (path, headers) -> an error to answer now, or None to go on.
-EarlyCheck = Callable[[str, list[tuple[bytes, bytes]]], ServeError | None]
+# Before the body is read: the request's ASGI scope -> an error to answer now, or None to go on
+# (it may leave what it parsed in scope["state"] for the route to reuse).
+EarlyCheck = Callable[[Scope], ServeError | None]
 
 
 class GuardMiddleware:
@@ -175,7 +176,7 @@ class GuardMiddleware:
         refusal = guard.check(scope["path"], scope["headers"])
         early: EarlyCheck | None = getattr(state, "early_check", None)
         if refusal is None and early is not None:
-            refusal = early(scope["path"], scope["headers"])
+            refusal = early(scope)
         if refusal is not None:
             await _respond(scope, receive, send, refusal)
             return

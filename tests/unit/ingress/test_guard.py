@@ -151,8 +151,8 @@ async def test_early_check_answers_before_the_body_is_read() -> None:
     app.state.guard = Guard(LimitsConfig(), AuthConfig(), {})  # type: ignore[attr-defined]
     seen: list[str] = []
 
-    def early(path: str, headers: list[tuple[bytes, bytes]]) -> SLOUnmeetable | None:
-        seen.append(path)
+    def early(scope: dict[str, object]) -> SLOUnmeetable | None:
+        seen.append(str(scope["path"]))
         return SLOUnmeetable("busy", code="saturated", retry_after_s=1.5)
 
     app.state.early_check = early  # type: ignore[attr-defined]
