@@ -20,7 +20,7 @@ from ray.serve.deployment import Deployment
 from serve_app.autoscaling import POLICY_PATH
 from serve_app.constants import BUILTIN_PREFIX, DEFAULT_MAX_TOKENS
 from serve_app.engine.replica import EngineReplica
-from serve_app.ingress.api import Ingress, IngressConfig, PoolInfo
+from serve_app.ingress.api import DEFAULT_STEP_TOKENS, Ingress, IngressConfig, PoolInfo
 from serve_app.ingress.guard import AuthConfig, LimitsConfig
 from serve_app.pool_state import PoolStateBoard
 from serve_app.profiles import (
@@ -161,7 +161,11 @@ def build_app(raw_args: dict[str, Any]) -> Application:
         served_model_name=args.served_model_name or _served_name(model),
         model=model,
         pools={
-            p.name: PoolInfo(max_model_len=p.max_model_len, min_replicas=p.pool.min_replicas)
+            p.name: PoolInfo(
+                max_model_len=p.max_model_len,
+                min_replicas=p.pool.min_replicas,
+                step_tokens=p.engine.max_num_batched_tokens or DEFAULT_STEP_TOKENS,
+            )
             for p in profiles
         },
         routing=args.routing,

@@ -5,7 +5,10 @@ replica). For an LLM engine that count mixes requests being decoded, which a rep
 fine in one batch, with requests the engine's scheduler could not admit yet (its waiting queue),
 which are what hurts TTFT. This policy keeps Serve's ongoing-request target and adds replicas in
 proportion to the engines' own waiting queues, reported by each replica's
-`record_autoscaling_stats()`. Bounds, delays and scaling factors are applied by Serve around it.
+`record_autoscaling_stats()`. Requests the ingress refused because this pool lacked the capacity
+to meet their SLO are demand too: with refusals, the pool is sized for arrivals + refusals at
+its current arrivals per replica (one more replica when nothing got through). Bounds, delays and
+scaling factors are applied by Serve around it.
 """
 
 from __future__ import annotations
@@ -16,17 +19,33 @@ from ray.serve.autoscaling_policy import replica_queue_length_autoscaling_policy
 from ray.serve.config import AutoscalingContext
 
 WAITING_METRIC = "engine_waiting"
+ARRIVALS_METRIC = "arrivals_per_s"
+REFUSED_METRIC = "refused_per_s"
 POLICY_PATH = "serve_app.autoscaling:EngineQueuePolicy"
 
 
 def desired_replicas(
-    current: int, ongoing_desired: float, engine_waiting: float, target_waiting_per_replica: float
+    current: int,
+    ongoing_desired: float,
+    engine_waiting: float,
+    target_waiting_per_replica: float,
+    arrivals_per_s: float = 0.0,
+    refused_per_s: float = 0.0,
 ) -> float:
-    """Replicas wanted: Serve's ongoing-request answer, or more while engines queue requests."""
-    if engine_waiting <= 0 or current == 0:
+    """Replicas wanted: Serve's ongoing-request answer, or more while engines queue requests or
+    the ingress refuses requests for want of this pool's capacity."""
+    if current == 0:
         return ongoing_desired
-    by_queue = current + engine_waiting / target_waiting_per_replica
-    return max(ongoing_desired, by_queue)
+    desired = ongoing_desired
+    if engine_waiting > 0:
+        desired = max(desired, current + engine_waiting / target_waiting_per_replica)
+    if refused_per_s > 0:
+        if arrivals_per_s > 0:
+            by_demand = current * (arrivals_per_s + refused_per_s) / arrivals_per_s
+        else:
+            by_demand = current + 1
+        desired = max(desired, by_demand)
+    return desired
 
 
 class EngineQueuePolicy:
@@ -39,9 +58,17 @@ class EngineQueuePolicy:
 
     def __call__(self, ctx: AutoscalingContext) -> tuple[float, dict[str, Any]]:
         ongoing_desired, state = replica_queue_length_autoscaling_policy(ctx)
-        per_replica = (ctx.aggregated_metrics or {}).get(WAITING_METRIC, {})
-        waiting = float(sum(per_replica.values()))
+        metrics = ctx.aggregated_metrics or {}
+
+        def total(name: str) -> float:
+            return float(sum(metrics.get(name, {}).values()))
+
         desired = desired_replicas(
-            ctx.current_num_replicas, ongoing_desired, waiting, self.target_waiting_per_replica
+            ctx.current_num_replicas,
+            ongoing_desired,
+            total(WAITING_METRIC),
+            self.target_waiting_per_replica,
+            total(ARRIVALS_METRIC),
+            total(REFUSED_METRIC),
         )
         return desired, dict(state)

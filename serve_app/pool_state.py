@@ -1,18 +1,23 @@
 """Pool state: what every pool's replicas report, aggregated into one snapshot per pool.
 
 Replicas push a `ReplicaReport` to the board a few times a second; the ingress pulls the whole
-board as often, in the background, so routing reads a local copy and never waits on it.
+board as often, in the background, so routing reads a local copy and never waits on it. The
+ingresses also tell the board how many requests they refused for want of each pool's capacity;
+the board hands each replica its share, which the pool's autoscaling counts as demand.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from serve_app.constants import STATS_STALE_AFTER_S
-from serve_app.engine.protocol import Placement, ReplicaReport
+from serve_app.engine.protocol import BoardReply, Placement, ReplicaReport
+
+REFUSALS_WINDOW_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +34,8 @@ class PoolSnapshot:
     tpot_ms_recent_p50: float | None = None
     updated_at: float = 0.0
     placements: tuple[tuple[str, Placement], ...] = ()  # (replica id, where it runs)
+    queued_tokens: int = 0  # prompt tokens queued for prefill, all replicas
+    prefill_tok_s: float | None = None  # mean measured prefill rate per replica
 
     @property
     def ready(self) -> bool:
@@ -67,8 +74,14 @@ def aggregate(
             tpot_ms_recent_p50=_p50([v for r in rs for v in r.tpot_ms_recent]),
             updated_at=max((r.reported_at for r in rs), default=0.0),
             placements=tuple(sorted((r.replica_id, r.placement) for r in rs)),
+            queued_tokens=sum(r.queued_tokens for r in rs),
+            prefill_tok_s=_mean([r.prefill_tok_s for r in rs if r.prefill_tok_s]),
         )
     return out
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 class PoolStateBoard:
@@ -79,12 +92,24 @@ class PoolStateBoard:
         self._reports: dict[str, ReplicaReport] = {}
         # ingress replica -> (when, {pool: how late its chunks arrive, ms})
         self._lags: dict[str, tuple[float, dict[str, float]]] = {}
+        self._refusals: deque[tuple[float, str, int]] = deque()  # (when, pool, how many)
 
     def consumer_lag(self, ingress_id: str, lag_ms_by_pool: dict[str, float]) -> None:
         self._lags[ingress_id] = (time.time(), lag_ms_by_pool)
 
-    def report(self, report: ReplicaReport) -> float | None:
-        """Store a replica's report; answer the worst recent consumer lag of its pool."""
+    def refused(self, counts: dict[str, int], now: float | None = None) -> None:
+        """An ingress refused `counts[pool]` requests for want of that pool's capacity."""
+        now = time.time() if now is None else now
+        self._refusals.extend((now, pool, n) for pool, n in counts.items() if n > 0)
+
+    def _refused_per_s(self, pool: str, now: float) -> float:
+        while self._refusals and self._refusals[0][0] < now - REFUSALS_WINDOW_S:
+            self._refusals.popleft()
+        return sum(n for _, p, n in self._refusals if p == pool) / REFUSALS_WINDOW_S
+
+    def report(self, report: ReplicaReport) -> BoardReply:
+        """Store a replica's report; answer the worst recent consumer lag of its pool and the
+        replica's share of the pool's refused demand."""
         self._reports[report.replica_id] = report
         fresh = report.reported_at - STATS_STALE_AFTER_S
         lags = [
@@ -98,7 +123,11 @@ class PoolStateBoard:
             del self._reports[rid]
         for iid in [k for k, (at, _) in self._lags.items() if at < cutoff]:
             del self._lags[iid]
-        return max(lags, default=None)
+        replicas = sum(
+            r.pool == report.pool and r.reported_at >= fresh for r in self._reports.values()
+        )
+        share = self._refused_per_s(report.pool, report.reported_at) / max(replicas, 1)
+        return BoardReply(max(lags, default=None), share)
 
     def snapshot(self) -> Mapping[str, PoolSnapshot]:
         return aggregate(self._pools, self._reports.values(), time.time())

@@ -79,6 +79,16 @@ class ReplicaReport:
     ttft_ms_recent: tuple[float, ...] = field(default=())
     tpot_ms_recent: tuple[float, ...] = field(default=())
     placement: Placement = field(default_factory=Placement)
+    queued_tokens: int = 0  # prompt tokens handed to the engine and not yet prefilled
+    prefill_tok_s: float | None = None  # measured prefill rate (engine/prefill.py)
+
+
+@dataclass(frozen=True, slots=True)
+class BoardReply:
+    """What the board answers a replica's report with."""
+
+    consumer_lag_ms: float | None = None  # worst recent lag of the pool's chunks at an ingress
+    refused_per_s: float = 0.0  # the pool's refused demand, this replica's share
 
 
 class Engine(abc.ABC):

@@ -17,10 +17,12 @@ from typing import Any
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from serve_app.autoscaling import WAITING_METRIC
+from serve_app.autoscaling import ARRIVALS_METRIC, REFUSED_METRIC, WAITING_METRIC
 from serve_app.constants import ENGINE_START_TIMEOUT_S, STATS_PERIOD_S
 from serve_app.engine.coalesce import MessageBudget
+from serve_app.engine.prefill import PrefillMeter, RecentRate
 from serve_app.engine.protocol import (
+    BoardReply,
     Engine,
     EngineStats,
     GenerationRequest,
@@ -76,6 +78,9 @@ class EngineReplica:
         ceiling = profile.pool.stream_messages_per_s
         self._budget = MessageBudget(ceiling) if ceiling is not None else None
         self._tpot_ms: deque[float] = deque(maxlen=_RECENT)
+        self._prefill = PrefillMeter()
+        self._arrivals = RecentRate()
+        self._refused_per_s = 0.0  # the pool's refused demand, this replica's share (board)
         try:
             self._replica_id = serve.get_replica_context().replica_id.unique_id
         except Exception:  # outside Serve (unit tests)
@@ -105,10 +110,14 @@ class EngineReplica:
         first_at: float | None = None
         last: StreamChunk | None = None
         self._streams += 1
+        prompt_tokens = len(request.prompt_token_ids)
+        self._arrivals.add()
+        self._prefill.queued(prompt_tokens)
         try:
             async for chunk in self._engine.generate(request):
                 if first_at is None and chunk.num_tokens:
                     first_at = time.perf_counter()
+                    self._prefill.prefilled(prompt_tokens)
                     self._ttft_ms.append((first_at - started) * 1e3)
                 last = chunk
                 chunk.sent_at = time.time()
@@ -119,6 +128,8 @@ class EngineReplica:
                         await asyncio.sleep(gap_s)
         finally:
             self._streams -= 1
+            if first_at is None:
+                self._prefill.dropped(prompt_tokens)
         if first_at is not None and last is not None and last.completion_tokens > 1:
             decode_s = time.perf_counter() - first_at
             self._tpot_ms.append(decode_s * 1e3 / (last.completion_tokens - 1))
@@ -129,7 +140,12 @@ class EngineReplica:
     def record_autoscaling_stats(self) -> dict[str, float]:
         """Serve's hook for custom autoscaling metrics (serve_app.autoscaling reads them)."""
         stats = self._engine.stats()
-        return {WAITING_METRIC: stats.waiting, "engine_running": stats.running}
+        return {
+            WAITING_METRIC: stats.waiting,
+            "engine_running": stats.running,
+            ARRIVALS_METRIC: self._arrivals.per_s(),
+            REFUSED_METRIC: self._refused_per_s,
+        }
 
     async def check_health(self) -> None:
         await self._engine.check_health()
@@ -144,6 +160,8 @@ class EngineReplica:
             ttft_ms_recent=tuple(self._ttft_ms),
             tpot_ms_recent=tuple(self._tpot_ms),
             placement=self._placement,
+            queued_tokens=self._prefill.queued_tokens,
+            prefill_tok_s=self._prefill.rate(),
         )
 
     async def _report_forever(self) -> None:
@@ -152,9 +170,10 @@ class EngineReplica:
             self._metrics.update(report.stats)
             if self._board is not None:
                 try:
-                    consumer_lag_ms = await self._board.report.remote(report)
+                    reply: BoardReply = await self._board.report.remote(report)
+                    self._refused_per_s = reply.refused_per_s
                     if self._budget is not None:
-                        self._budget.update(consumer_lag_ms)
+                        self._budget.update(reply.consumer_lag_ms)
                 except Exception:  # the board restarts with the app; keep serving meanwhile
                     logger.warning("pool %s: report failed", self._profile.name, exc_info=True)
             await asyncio.sleep(STATS_PERIOD_S)

@@ -51,8 +51,9 @@ from serve_app.ingress.prompts import PromptRenderer
 from serve_app.ingress.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
 from serve_app.metrics import IngressMetrics, Outcome, outcome_of
 from serve_app.routing.config import Policy, RoutingConfig
-from serve_app.routing.policy import RequestFeatures, RouteTo
-from serve_app.routing.router import Load, Router
+from serve_app.routing.estimator import Load
+from serve_app.routing.policy import Reject, RequestFeatures, RouteTo
+from serve_app.routing.router import Router
 from serve_app.routing.slo import (
     CLASS_HEADER,
     SLO,
@@ -69,11 +70,16 @@ _RouteHeaders = tuple[SLO, Policy, str | None]
 PARSED_HEADERS = "route_headers"
 
 
+DEFAULT_STEP_TOKENS = 2048  # vLLM's token budget per step when a profile sets none
+BOARD_TIMEOUT_S = 1.0  # a board call slower than this is abandoned (routing goes on without it)
+
+
 class PoolInfo(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_model_len: int
     min_replicas: int
+    step_tokens: int = DEFAULT_STEP_TOKENS  # max_num_batched_tokens
 
 
 class IngressConfig(BaseModel):
@@ -131,6 +137,7 @@ class _Routed:
     load: Load
     prompt_tokens: int
     started: float
+    predicted_ttft_ms: float
 
     @property
     def headers(self) -> dict[str, str]:
@@ -138,6 +145,7 @@ class _Routed:
             "x-serve-pool": self.pool,
             "x-route-reason": self.reason,
             "x-request-id": self.request_id,
+            "x-route-predicted-ttft-ms": f"{self.predicted_ttft_ms:.1f}",
         }
 
 
@@ -167,7 +175,9 @@ class Ingress:
         self._board = board
         self._renderer = await asyncio.to_thread(PromptRenderer, config.model)
         self._router = Router(
-            {name: p.max_model_len for name, p in config.pools.items()}, config.routing
+            {name: p.max_model_len for name, p in config.pools.items()},
+            config.routing,
+            {name: p.step_tokens for name, p in config.pools.items()},
         )
         self._metrics = IngressMetrics()
         app.state.metrics = self._metrics
@@ -187,6 +197,9 @@ class Ingress:
         # Worst lag of the chunks each pool sent since the last refresh: read by the pools'
         # replicas (through the board) to size their message budgets (engine/coalesce.py).
         self._lag_ms: dict[str, float] = {}
+        # Requests refused for want of each pool's capacity since the last refresh: demand the
+        # pools' autoscaling counts (through the board).
+        self._refused: dict[str, int] = {}
         try:
             self._ingress_id = serve.get_replica_context().replica_id.unique_id
         except Exception:  # outside Serve (unit tests)
@@ -199,10 +212,23 @@ class Ingress:
                 if self._lag_ms:
                     lags, self._lag_ms = self._lag_ms, {}
                     self._board.consumer_lag.remote(self._ingress_id, lags)
-                self._router.update(await self._board.snapshot.remote())
+                if self._refused:
+                    refused, self._refused = self._refused, {}
+                    self._board.refused.remote(refused)
+                snapshot = await asyncio.wait_for(self._board.snapshot.remote(), BOARD_TIMEOUT_S)
+                self._router.update(snapshot)
             except Exception:
+                # routing goes on with the last known pools (Router.views) until the board is back
                 logger.warning("pool state refresh failed", exc_info=True)
             await asyncio.sleep(STATS_PERIOD_S)
+
+    def _refusal(self, decision: Reject, slo: SLO) -> ServeError:
+        """Count a routing refusal (metrics; demand for the pool that lacked capacity)."""
+        self._metrics.route("none", decision.reason.value)
+        if decision.demand_pool is not None:
+            pool = decision.demand_pool
+            self._refused[pool] = self._refused.get(pool, 0) + 1
+        return reject_error(decision)
 
     # --- probes and metadata -------------------------------------------------------------
 
@@ -321,11 +347,12 @@ class Ingress:
         scope.setdefault("state", {})[PARSED_HEADERS] = parsed  # request.state, for _route
         slo, policy, single_pool = parsed
         smallest = RequestFeatures(prompt_tokens=1, max_tokens=1)
-        decision = self._router.decide(smallest, slo, time.time(), policy, single_pool)
+        decision = self._router.decide(
+            smallest, slo, time.time(), policy, single_pool, commit=False
+        )
         if isinstance(decision, RouteTo) or decision.status == 400:
             return None
-        self._metrics.route("none", decision.reason.value)
-        err = reject_error(decision)
+        err = self._refusal(decision, slo)
         self._metrics.request("none", slo.slo_class, outcome_of(err.status_code))
         return err
 
@@ -370,8 +397,7 @@ class Ingress:
         features = RequestFeatures(prompt_tokens=len(ids), max_tokens=max_tokens)
         decision = self._router.decide(features, slo, time.time(), policy, single_pool)
         if not isinstance(decision, RouteTo):
-            self._metrics.route("none", decision.reason.value)
-            raise reject_error(decision)
+            raise self._refusal(decision, slo)
         self._metrics.route(decision.pool, decision.reason.value)
         routed = _Routed(
             request_id=f"cmpl-{uuid.uuid4().hex}",
@@ -381,6 +407,7 @@ class Ingress:
             load=self._router.load_of(decision.pool),
             prompt_tokens=len(ids),
             started=time.perf_counter(),
+            predicted_ttft_ms=decision.predicted.ttft_ms,
         )
         request.state.routed = routed
         return routed
@@ -407,7 +434,7 @@ class Ingress:
                 stop=body.stop_sequences(),
                 ignore_eos=body.ignore_eos,
             )
-            self._router.dispatched(routed.pool)
+            self._router.dispatched(routed.pool, routed.prompt_tokens)
             stream = cast(
                 DeploymentResponseGenerator[StreamChunk],
                 self._pools[routed.pool].generate.remote(gen),
@@ -434,7 +461,7 @@ class Ingress:
                     routed.pool,
                     type(e).__name__,
                 )
-                self._router.replica_failed(routed.pool, time.time())
+                self._router.replica_failed(routed.pool, _failed_replica(e), time.time())
         model = body.model or self._config.served_model_name
         created = int(time.time())
         if body.stream:
@@ -474,7 +501,7 @@ class Ingress:
                         self._lag_ms[routed.pool] = lag_ms
                 if first_at is None:
                     first_at = time.perf_counter()
-                    self._router.first_token(routed.pool)
+                    self._router.first_token(routed.pool, routed.prompt_tokens)
                     ttft_ms = (first_at - routed.started) * 1e3
                     # learn at once: in a burst, completions come too late to correct admission
                     self._router.learn(
@@ -483,7 +510,9 @@ class Ingress:
                 last = chunk
                 yield chunk
         finally:
-            self._router.finished(routed.pool, got_first_token=first_at is not None)
+            self._router.finished(
+                routed.pool, routed.prompt_tokens, got_first_token=first_at is not None
+            )
             if first_at is not None and last is not None and last.finish_reason is not None:
                 self._finished(routed, first_at, last)
             else:
@@ -546,3 +575,12 @@ class Ingress:
                 kind, rid, created, model, last.prompt_tokens, last.completion_tokens
             )
         yield fmt.DONE
+
+
+def _failed_replica(e: BaseException) -> str:
+    """Which replica a failure came from, as far as Ray's error says (its actor or process)."""
+    for attr in ("actor_id", "_actor_id", "pid"):
+        value = getattr(e, attr, None)
+        if value:
+            return f"{attr}:{value}"
+    return "unknown"

@@ -12,7 +12,16 @@ class Policy(StrEnum):
 
     SLO = "slo"
     ROUND_ROBIN = "round-robin"
+    LEAST_LOAD = "least-load"
     SINGLE = "single"
+
+
+class Placement(StrEnum):
+    """Which pool takes a request when several are predicted to meet its SLO with margin."""
+
+    HEADROOM = "headroom"  # the lowest predicted latency / target: most room before a miss
+    BEST_FIT = "best-fit"  # the highest ratio under the margin: keep fast pools for tight SLOs
+    LEAST_LOAD = "least-load"  # the fewest requests (waiting + running) per replica
 
 
 class SLOClass(BaseModel):
@@ -33,9 +42,14 @@ class LatencyPrior(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     ttft_base_ms: float = Field(20.0, ge=0, description="TTFT of a short prompt on an idle pool.")
-    ttft_ms_per_prompt_token: float = Field(0.05, ge=0, description="Prefill cost per token.")
+    ttft_ms_per_prompt_token: float = Field(
+        0.05,
+        ge=0,
+        description="Prefill cost per token, of the request's prompt and of the prompt tokens "
+        "queued ahead of it; replaced by the replicas' measured prefill rate once they have one.",
+    )
     ttft_ms_per_waiting_request: float = Field(
-        40.0, ge=0, description="Added TTFT per request queued ahead, per replica."
+        2.0, ge=0, description="Added TTFT per request queued ahead, per replica (scheduling)."
     )
     ttft_ms_per_running_request: float = Field(
         1.0, ge=0, description="Added TTFT per request already decoding, per replica."
@@ -43,6 +57,12 @@ class LatencyPrior(BaseModel):
     tpot_base_ms: float = Field(5.0, ge=0, description="TPOT on an idle pool.")
     tpot_ms_per_running_request: float = Field(
         0.5, ge=0, description="Added TPOT per request decoding in the same batch."
+    )
+    tpot_ms_per_prefill_token: float = Field(
+        0.0,
+        ge=0,
+        description="Added TPOT per prompt token queued for prefill (up to the step's token "
+        "budget): chunked prefill shares each engine step with the decodes.",
     )
 
 
@@ -72,6 +92,16 @@ class RoutingConfig(BaseModel):
     )
     learning_rate: float = Field(
         0.2, gt=0, le=1, description="EWMA weight of each measured latency in the model's factors."
+    )
+    factor_half_life_s: float = Field(
+        10.0,
+        gt=0,
+        description="Without new measurements, learned factors relax to the prior with this "
+        "half-life (a stall must not keep a pool refused after it has passed).",
+    )
+    placement: Placement = Field(
+        Placement.HEADROOM,
+        description="Which pool takes a request when several meet its SLO with margin.",
     )
     allow_policy_header: bool = Field(
         False,

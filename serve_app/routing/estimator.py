@@ -1,14 +1,21 @@
-"""Latency prediction per pool: a linear model of load, scaled by factors learned online.
+"""Latency prediction per pool: prefill-token queueing and decode load, times learned factors.
 
-    ttft_ms = (ttft_base + ttft_per_prompt_token * prompt_tokens
-               + ttft_per_waiting_request * waiting_per_replica
-               + ttft_per_running_request * running_per_replica) * ttft_factor
-    tpot_ms = (tpot_base + tpot_per_running_request * (running_per_replica + 1)) * tpot_factor
+    ttft_ms = (ttft_base + ms_per_prefill_token * (queued_tokens + prompt_tokens)
+               + ttft_per_waiting_request * waiting + ttft_per_running_request * running)
+              * ttft_factor
+    tpot_ms = (tpot_base + tpot_per_running_request * (running + 1)
+               + tpot_per_prefill_token * min(queued_tokens, step_tokens)) * tpot_factor
 
-The coefficients are priors from the routing config (per pool). Each request's measured TTFT (at
-its first token) and TPOT (at its end), taken at the ingress, move the pool's factor towards
-measured / unscaled prediction by an exponentially weighted average, so a pool that turns out
-slower or faster than its prior is predicted correctly after a few requests.
+All loads are per replica. A new request waits behind the prompt tokens already queued for
+prefill, so the queue is measured in tokens: `ms_per_prefill_token` is 1000 / the pool's prefill
+rate as its replicas measure it (tokens prefilled per second while prefill work was pending), or
+the prior's value until a replica has measured one. Decode steps share each engine step with
+queued prefill (chunked prefill), up to the step's token budget: that is the TPOT term.
+
+Each request's measured TTFT (at its first token) and TPOT (at its end) move the pool's factor
+towards measured / unscaled prediction by an exponentially weighted average. Without new
+measurements a factor relaxes back to 1 (the prior) with a half-life, so one stall cannot keep a
+pool's predictions high, and its traffic refused, after the stall has passed.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from dataclasses import dataclass, replace
 from serve_app.routing.config import LatencyPrior
 
 _FACTOR_BOUNDS = (0.02, 50.0)
+DEFAULT_HALF_LIFE_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,47 +35,75 @@ class Prediction:
 
 
 @dataclass(frozen=True, slots=True)
+class Load:
+    """A pool's load per replica: prompt tokens queued for prefill, requests waiting, running."""
+
+    queued_tokens: float = 0.0
+    waiting: float = 0.0
+    running: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class LatencyModel:
     prior: LatencyPrior
     ttft_factor: float = 1.0
     tpot_factor: float = 1.0
+    learned_at: float = 0.0  # when the factors last moved (time.time())
+    half_life_s: float = DEFAULT_HALF_LIFE_S
+    measured_ms_per_token: float | None = None  # from the replicas' prefill rate
+    step_tokens: int = 2048  # the engines' token budget per step (max_num_batched_tokens)
 
-    def _raw(self, prompt_tokens: int, waiting: float, running: float) -> Prediction:
+    @property
+    def ms_per_prefill_token(self) -> float:
+        if self.measured_ms_per_token is not None:
+            return self.measured_ms_per_token
+        return self.prior.ttft_ms_per_prompt_token
+
+    def with_prefill_rate(self, tokens_per_s: float | None) -> LatencyModel:
+        ms = 1000.0 / tokens_per_s if tokens_per_s else None
+        return self if ms == self.measured_ms_per_token else replace(self, measured_ms_per_token=ms)
+
+    def factors(self, now: float) -> tuple[float, float]:
+        """The learned factors as of `now`: relaxed towards 1 by the time since they last moved."""
+        age = max(0.0, now - self.learned_at)
+        keep = 0.5 ** (age / self.half_life_s) if self.half_life_s > 0 else 1.0
+        return 1 + (self.ttft_factor - 1) * keep, 1 + (self.tpot_factor - 1) * keep
+
+    def _raw(self, prompt_tokens: int, load: Load) -> Prediction:
         p = self.prior
         return Prediction(
             ttft_ms=p.ttft_base_ms
-            + p.ttft_ms_per_prompt_token * prompt_tokens
-            + p.ttft_ms_per_waiting_request * waiting
-            + p.ttft_ms_per_running_request * running,
-            tpot_ms=p.tpot_base_ms + p.tpot_ms_per_running_request * (running + 1),
+            + self.ms_per_prefill_token * (load.queued_tokens + prompt_tokens)
+            + p.ttft_ms_per_waiting_request * load.waiting
+            + p.ttft_ms_per_running_request * load.running,
+            tpot_ms=p.tpot_base_ms
+            + p.tpot_ms_per_running_request * (load.running + 1)
+            + p.tpot_ms_per_prefill_token * min(load.queued_tokens, self.step_tokens),
         )
 
-    def predict(self, prompt_tokens: int, waiting: float, running: float) -> Prediction:
-        """Latency of a new request given per-replica queued and running request counts."""
-        raw = self._raw(prompt_tokens, waiting, running)
-        return Prediction(raw.ttft_ms * self.ttft_factor, raw.tpot_ms * self.tpot_factor)
+    def predict(self, prompt_tokens: int, load: Load, now: float) -> Prediction:
+        """Latency of a new request given the per-replica load."""
+        raw = self._raw(prompt_tokens, load)
+        ttft_factor, tpot_factor = self.factors(now)
+        return Prediction(raw.ttft_ms * ttft_factor, raw.tpot_ms * tpot_factor)
 
     def learn(
         self,
         prompt_tokens: int,
-        waiting: float,
-        running: float,
+        load: Load,
         ttft_ms: float | None,
         tpot_ms: float | None,
         rate: float,
+        now: float,
     ) -> LatencyModel:
         """The model after one measurement, taken with the load seen when the request was routed."""
-        raw = self._raw(prompt_tokens, waiting, running)
-        model = self
+        raw = self._raw(prompt_tokens, load)
+        ttft_factor, tpot_factor = self.factors(now)
         if ttft_ms is not None and raw.ttft_ms > 0:
-            model = replace(
-                model, ttft_factor=_ewma(model.ttft_factor, ttft_ms / raw.ttft_ms, rate)
-            )
+            ttft_factor = _ewma(ttft_factor, ttft_ms / raw.ttft_ms, rate)
         if tpot_ms is not None and raw.tpot_ms > 0:
-            model = replace(
-                model, tpot_factor=_ewma(model.tpot_factor, tpot_ms / raw.tpot_ms, rate)
-            )
-        return model
+            tpot_factor = _ewma(tpot_factor, tpot_ms / raw.tpot_ms, rate)
+        return replace(self, ttft_factor=ttft_factor, tpot_factor=tpot_factor, learned_at=now)
 
 
 def _ewma(old: float, sample: float, rate: float) -> float:

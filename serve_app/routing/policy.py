@@ -6,17 +6,21 @@
    is a client error (400, param `input_tokens` when the prompt alone is too long, else
    `max_tokens`).
 2. Pools with no live replica (or a stale view) are out; none left: 503 with Retry-After.
-3. Each pool's TTFT and TPOT are predicted from its load (routing/estimator.py). A request's
-   *ratio* on a pool is its worst predicted/target latency (0 when it names no targets).
+3. Each pool's TTFT and TPOT are predicted from its load per replica (routing/estimator.py:
+   prompt tokens queued for prefill over the measured prefill rate, waiting and running requests).
+   A request's *ratio* on a pool is its worst predicted/target latency (0 when it names no
+   targets).
 4. A pool is *saturated* when its queue per replica reaches `max_waiting_per_replica`.
-5. Score, among unsaturated pools: **best fit**. Of the pools whose ratio is at most `fit_margin`,
-   take the one with the highest ratio: the request gets the slowest pool that still meets its
-   SLO with margin, which keeps fast pools free for the requests that need them. If the best fit
-   over all pools was saturated, the reason is `spillover`. Pools that meet the SLO only without
-   margin come next (lowest ratio first). Requests without targets go to the pool predicted to
-   finish them soonest.
+5. Among unsaturated pools whose ratio is at most `fit_margin`, the configured placement picks:
+   **headroom** (lowest ratio: most room before a miss, the default, see README), **best fit**
+   (highest ratio: the slowest pool that still fits, keeping fast pools free), or **least load**
+   (fewest requests per replica). If the pick over all pools was saturated, the reason is
+   `spillover`. Pools that meet the SLO only without margin come next (lowest ratio first).
+   Requests without targets go to the pool predicted to finish them soonest.
 6. No pool meets the SLO: reject 429 with Retry-After (the time the best pool's queue needs to
    drain below the target), unless the request asked for best effort: then the lowest ratio wins.
+   A refusal for lack of capacity names the pool that would have met the SLO idle
+   (`demand_pool`): refused demand counts towards that pool's autoscaling.
 """
 
 from __future__ import annotations
@@ -26,13 +30,14 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from serve_app.constants import STATS_STALE_AFTER_S
-from serve_app.routing.config import RoutingConfig
-from serve_app.routing.estimator import LatencyModel, Prediction
+from serve_app.routing.config import Placement, RoutingConfig
+from serve_app.routing.estimator import LatencyModel, Load, Prediction
 from serve_app.routing.slo import SLO
 
 
 class RouteReason(StrEnum):
     ROUND_ROBIN = "round-robin"
+    LEAST_LOAD = "least-load"
     SINGLE_POOL = "single-pool"
     SLO_FIT = "slo-fit"
     SLO_TIGHT = "slo-tight"
@@ -66,6 +71,12 @@ class PoolView:
     running: int
     model: LatencyModel
     updated_at: float
+    queued_tokens: int = 0  # prompt tokens dispatched and not yet prefilled
+
+    @property
+    def load(self) -> Load:
+        r = max(self.replicas, 1)
+        return Load(self.queued_tokens / r, self.waiting / r, self.running / r)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,19 +93,22 @@ class Reject:
     message: str
     retry_after_s: float | None = None
     param: str | None = None
+    demand_pool: str | None = None  # refused for lack of capacity: the pool that lacked it
 
 
 Decision = RouteTo | Reject
 
 
-def _per_replica(pool: PoolView) -> tuple[float, float]:
-    r = max(pool.replicas, 1)
-    return pool.waiting / r, pool.running / r
+def predict(pool: PoolView, features: RequestFeatures, now: float) -> Prediction:
+    return pool.model.predict(features.prompt_tokens, pool.load, now)
 
 
-def predict(pool: PoolView, features: RequestFeatures) -> Prediction:
-    waiting, running = _per_replica(pool)
-    return pool.model.predict(features.prompt_tokens, waiting, running)
+def _saturated(pool: PoolView, config: RoutingConfig) -> bool:
+    return pool.load.waiting >= config.max_waiting_per_replica
+
+
+def _requests_per_replica(pool: PoolView) -> float:
+    return pool.load.waiting + pool.load.running
 
 
 def slo_ratio(pred: Prediction, slo: SLO) -> float:
@@ -126,13 +140,39 @@ def _length_reject(features: RequestFeatures, pools: list[PoolView]) -> Reject:
     )
 
 
-def _retry_after_s(pool: PoolView, pred: Prediction, slo: SLO, config: RoutingConfig) -> float:
+def _retry_after_s(
+    pool: PoolView, pred: Prediction, slo: SLO, config: RoutingConfig, now: float
+) -> float:
     """Time for the pool's queue to shrink until the TTFT target could be met."""
-    waiting, _ = _per_replica(pool)
-    per_request_ms = pool.model.prior.ttft_ms_per_waiting_request * pool.model.ttft_factor
+    load = pool.load
+    ttft_factor, _ = pool.model.factors(now)
+    per_request_ms = pool.model.prior.ttft_ms_per_waiting_request * ttft_factor
     excess_ms = pred.ttft_ms - (slo.ttft_ms or pred.ttft_ms)
-    drain_ms = max(excess_ms, (waiting - config.max_waiting_per_replica + 1) * per_request_ms)
+    drain_ms = max(excess_ms, (load.waiting - config.max_waiting_per_replica + 1) * per_request_ms)
     return max(1.0, math.ceil(drain_ms / 1000.0))
+
+
+def _demand_pool(
+    features: RequestFeatures, slo: SLO, pools: list[PoolView], now: float
+) -> str | None:
+    """The pool that would meet the SLO with no load (lowest idle ratio): a refusal for want of
+    its capacity is demand for more of it. None when even an idle pool would miss."""
+    idle = [
+        (slo_ratio(p.model.predict(features.prompt_tokens, Load(), now), slo), p.name)
+        for p in pools
+    ]
+    ratio, name = min(idle)
+    return name if ratio <= 1.0 else None
+
+
+def _place(
+    fits: list[tuple[PoolView, Prediction]], ratios: dict[str, float], placement: Placement
+) -> tuple[PoolView, Prediction]:
+    if placement is Placement.BEST_FIT:
+        return max(fits, key=lambda pp: ratios[pp[0].name])
+    if placement is Placement.LEAST_LOAD:
+        return min(fits, key=lambda pp: (_requests_per_replica(pp[0]), ratios[pp[0].name]))
+    return min(fits, key=lambda pp: ratios[pp[0].name])
 
 
 def decide(
@@ -150,9 +190,9 @@ def decide(
     if not live:
         return Reject(503, RejectReason.NO_REPLICA, "no replica is ready to serve this request", 5)
 
-    scored = [(p, predict(p, features)) for p in live]
+    scored = [(p, predict(p, features, now)) for p in live]
     ratios = {p.name: slo_ratio(pred, slo) for p, pred in scored}
-    open_ = [(p, pred) for p, pred in scored if _per_replica(p)[0] < config.max_waiting_per_replica]
+    open_ = [(p, pred) for p, pred in scored if not _saturated(p, config)]
 
     if slo.ttft_ms is None and slo.tpot_ms is None:
         if open_:
@@ -161,12 +201,13 @@ def decide(
     else:
         fits = [(p, pred) for p, pred in open_ if ratios[p.name] <= config.fit_margin]
         if fits:
-            p, pred = max(fits, key=lambda pp: ratios[pp[0].name])
-            best_overall = max(
-                (q for q, _ in scored if ratios[q.name] <= config.fit_margin),
-                key=lambda q: ratios[q.name],
+            p, pred = _place(fits, ratios, config.placement)
+            overall, _ = _place(
+                [pp for pp in scored if ratios[pp[0].name] <= config.fit_margin],
+                ratios,
+                config.placement,
             )
-            reason = RouteReason.SPILLOVER if best_overall.name != p.name else RouteReason.SLO_FIT
+            reason = RouteReason.SPILLOVER if overall.name != p.name else RouteReason.SLO_FIT
             return RouteTo(p.name, reason, pred)
         meets = [(p, pred) for p, pred in open_ if ratios[p.name] <= 1.0]
         if meets:
@@ -177,23 +218,34 @@ def decide(
             return RouteTo(p.name, RouteReason.BEST_EFFORT, pred)
 
     best, best_pred = min(scored, key=lambda pp: ratios[pp[0].name])
-    retry = _retry_after_s(best, best_pred, slo, config)
+    retry = _retry_after_s(best, best_pred, slo, config, now)
+    demand = _demand_pool(features, slo, live, now)
     if not open_:
-        return Reject(429, RejectReason.SATURATED, "every pool that fits is saturated", retry)
+        return Reject(
+            429, RejectReason.SATURATED, "every pool that fits is saturated", retry, None, demand
+        )
     return Reject(
         429,
         RejectReason.SLO_UNMEETABLE,
         f"no pool is predicted to meet the SLO (best: {best.name}, predicted TTFT "
         f"{best_pred.ttft_ms:.0f} ms, TPOT {best_pred.tpot_ms:.1f} ms)",
         retry,
+        None,
+        demand,
     )
 
 
 def decide_plain(
-    features: RequestFeatures, pools: list[PoolView], now: float, turn: int, only: str | None
+    features: RequestFeatures,
+    pools: list[PoolView],
+    now: float,
+    turn: int,
+    only: str | None,
+    least_load: bool = False,
 ) -> Decision:
     """The baselines SLO routing is compared with: round-robin over the pools long enough for
-    the request (`only` None), or a single pool. Neither predicts latency nor refuses for it."""
+    the request (`only` None), the one of them with the fewest requests per replica
+    (`least_load`), or a single pool. None predicts latency or refuses for it."""
     candidates = [p for p in pools if only is None or p.name == only]
     long_enough = [
         p for p in candidates if p.max_model_len >= features.prompt_tokens + features.max_tokens
@@ -205,4 +257,9 @@ def decide_plain(
         return Reject(503, RejectReason.NO_REPLICA, "no replica is ready to serve this request", 5)
     pool = live[turn % len(live)]
     reason = RouteReason.SINGLE_POOL if only else RouteReason.ROUND_ROBIN
-    return RouteTo(pool.name, reason, predict(pool, features))
+    if least_load and not only:
+        # ties (an idle fleet) in turn, as round-robin
+        order = {p.name: (i - turn) % len(live) for i, p in enumerate(live)}
+        pool = min(live, key=lambda p: (_requests_per_replica(p), order[p.name]))
+        reason = RouteReason.LEAST_LOAD
+    return RouteTo(pool.name, reason, predict(pool, features, now))

@@ -2,7 +2,12 @@
 
 Board snapshots arrive a few times a second; between them, a burst of requests would all see the
 same stale queue. So the router also counts this ingress's own requests per pool (dispatched and
-waiting for a first token, or streaming) and uses the larger of the two counts.
+waiting for a first token, with their prompt tokens, or streaming) and uses the larger of the two
+counts.
+
+If the board itself stops answering, the router keeps routing on the last replica counts it got
+and its own load accounting (a dead board must not turn every request into a 503); a pool whose
+replicas stop reporting to a live board still drops out.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from dataclasses import dataclass
 from serve_app.constants import STATS_STALE_AFTER_S
 from serve_app.pool_state import PoolSnapshot
 from serve_app.routing.config import Policy, RoutingConfig
-from serve_app.routing.estimator import LatencyModel
+from serve_app.routing.estimator import LatencyModel, Load
 from serve_app.routing.policy import (
     Decision,
     PoolView,
@@ -28,50 +33,67 @@ from serve_app.routing.slo import SLO
 @dataclass(slots=True)
 class _Local:
     waiting: int = 0
+    queued_tokens: int = 0
     running: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Load:
-    """A pool's per-replica load as the policy saw it when routing a request."""
-
-    waiting: float
-    running: float
-
-
 class Router:
-    def __init__(self, pools: Mapping[str, int], config: RoutingConfig) -> None:
-        """`pools` maps each pool name to its max_model_len."""
+    def __init__(
+        self,
+        pools: Mapping[str, int],
+        config: RoutingConfig,
+        step_tokens: Mapping[str, int] | None = None,
+    ) -> None:
+        """`pools` maps each pool name to its max_model_len; `step_tokens` to its engines'
+        token budget per step (max_num_batched_tokens)."""
         self._config = config
         self._max_len = dict(pools)
-        self._models = {name: LatencyModel(config.prior(name)) for name in pools}
+        steps = step_tokens or {}
+        self._models = {
+            name: LatencyModel(
+                config.prior(name),
+                half_life_s=config.factor_half_life_s,
+                step_tokens=steps.get(name, 2048),
+            )
+            for name in pools
+        }
         self._local = {name: _Local() for name in pools}
         self._snapshots: dict[str, PoolSnapshot] = {name: PoolSnapshot(name) for name in pools}
+        self._board_at: float | None = None  # when the board last answered
         self._turn = 0
-        self._failed: dict[str, list[float]] = {name: [] for name in pools}
+        # pool -> {failed replica -> until when it is counted out}
+        self._failed: dict[str, dict[str, float]] = {name: {} for name in pools}
 
-    def update(self, snapshots: Mapping[str, PoolSnapshot]) -> None:
+    def update(self, snapshots: Mapping[str, PoolSnapshot], now: float | None = None) -> None:
+        self._board_at = time.time() if now is None else now
         for name, snap in snapshots.items():
             if name in self._snapshots:
                 self._snapshots[name] = snap
+                self._models[name] = self._models[name].with_prefill_rate(snap.prefill_tok_s)
 
     @property
     def snapshots(self) -> Mapping[str, PoolSnapshot]:
         return self._snapshots
 
-    def replica_failed(self, pool: str, now: float) -> None:
-        """A replica of `pool` failed a request: count it out until the board has noticed
-        (an unhealthy or silent replica leaves the snapshot within STATS_STALE_AFTER_S)."""
-        self._failed[pool].append(now + STATS_STALE_AFTER_S)
+    def board_stale(self, now: float) -> bool:
+        """The board has answered before but not within STATS_STALE_AFTER_S."""
+        return self._board_at is not None and now - self._board_at > STATS_STALE_AFTER_S
+
+    def replica_failed(self, pool: str, replica: str, now: float) -> None:
+        """A replica of `pool` failed a request: count it out until the board has noticed (an
+        unhealthy or silent replica leaves the snapshot within STATS_STALE_AFTER_S). Several
+        requests failing on one replica count it once."""
+        self._failed[pool][replica] = now + STATS_STALE_AFTER_S
 
     def _replicas(self, name: str, now: float) -> int:
         failed = self._failed[name]
-        if failed:
-            failed[:] = [t for t in failed if t > now]
+        for replica in [r for r, until in failed.items() if until <= now]:
+            del failed[replica]
         return max(0, self._snapshots[name].replicas - len(failed))
 
     def views(self, now: float | None = None) -> list[PoolView]:
         now = time.time() if now is None else now
+        board_stale = self.board_stale(now)
         views = []
         for name, snap in self._snapshots.items():
             local = self._local[name]
@@ -83,7 +105,9 @@ class Router:
                     waiting=max(snap.waiting, local.waiting),
                     running=max(snap.running, local.running),
                     model=self._models[name],
-                    updated_at=snap.updated_at,
+                    # a silent board is no news of the pools: route on what was last known
+                    updated_at=now if board_stale else snap.updated_at,
+                    queued_tokens=max(snap.queued_tokens, local.queued_tokens),
                 )
             )
         return views
@@ -95,32 +119,39 @@ class Router:
         now: float,
         policy: Policy = Policy.SLO,
         single_pool: str | None = None,
+        commit: bool = True,
     ) -> Decision:
+        """Route one request. `commit=False` asks without taking a turn (an admission check
+        ahead of the real decision must not advance round-robin)."""
         if policy is Policy.SLO:
             return decide(features, slo, self.views(now), self._config, now)
-        self._turn += 1
+        if commit:
+            self._turn += 1
         only = single_pool if policy is Policy.SINGLE else None
-        return decide_plain(features, self.views(now), now, self._turn, only)
+        least_load = policy is Policy.LEAST_LOAD
+        return decide_plain(features, self.views(now), now, self._turn, only, least_load)
 
     def load_of(self, pool: str) -> Load:
-        view = next(v for v in self.views() if v.name == pool)
-        r = max(view.replicas, 1)
-        return Load(view.waiting / r, view.running / r)
+        return next(v for v in self.views() if v.name == pool).load
 
-    def dispatched(self, pool: str) -> None:
-        self._local[pool].waiting += 1
+    def dispatched(self, pool: str, prompt_tokens: int) -> None:
+        local = self._local[pool]
+        local.waiting += 1
+        local.queued_tokens += prompt_tokens
 
-    def first_token(self, pool: str) -> None:
+    def first_token(self, pool: str, prompt_tokens: int) -> None:
         local = self._local[pool]
         local.waiting -= 1
+        local.queued_tokens -= prompt_tokens
         local.running += 1
 
-    def finished(self, pool: str, got_first_token: bool) -> None:
+    def finished(self, pool: str, prompt_tokens: int, got_first_token: bool) -> None:
         local = self._local[pool]
         if got_first_token:
             local.running -= 1
         else:
             local.waiting -= 1
+            local.queued_tokens -= prompt_tokens
 
     def learn(
         self,
@@ -129,9 +160,11 @@ class Router:
         load: Load,
         ttft_ms: float | None,
         tpot_ms: float | None,
+        now: float | None = None,
     ) -> None:
+        now = time.time() if now is None else now
         self._models[pool] = self._models[pool].learn(
-            prompt_tokens, load.waiting, load.running, ttft_ms, tpot_ms, self._config.learning_rate
+            prompt_tokens, load, ttft_ms, tpot_ms, self._config.learning_rate, now
         )
 
     def model(self, pool: str) -> LatencyModel:

@@ -75,7 +75,8 @@ def parse_slo(headers: Mapping[str, str], config: RoutingConfig) -> SLO:
 def parse_route_policy(
     headers: Mapping[str, str], config: RoutingConfig, pools: Iterable[str]
 ) -> tuple[Policy, str | None]:
-    """`x-route-policy: slo | round-robin | single:<pool>`, honoured only when the config allows."""
+    """`x-route-policy: slo | round-robin | least-load | single:<pool>`, honoured only when the
+    config allows."""
     raw = headers.get(ROUTE_POLICY_HEADER, "").strip()
     if not raw or not config.allow_policy_header:
         return Policy.SLO, None
@@ -84,7 +85,8 @@ def parse_route_policy(
         policy = Policy(name)
     except ValueError:
         raise SLOHeaderError(
-            ROUTE_POLICY_HEADER, f"header {ROUTE_POLICY_HEADER}: slo, round-robin or single:<pool>"
+            ROUTE_POLICY_HEADER,
+            f"header {ROUTE_POLICY_HEADER}: slo, round-robin, least-load or single:<pool>",
         ) from None
     if policy is Policy.SINGLE and pool not in set(pools):
         raise SLOHeaderError(ROUTE_POLICY_HEADER, f"header {ROUTE_POLICY_HEADER}: unknown pool")

@@ -4,7 +4,13 @@ import pytest
 from ray.serve._private.common import DeploymentID, ReplicaID
 from ray.serve.config import AutoscalingConfig, AutoscalingContext
 
-from serve_app.autoscaling import WAITING_METRIC, EngineQueuePolicy, desired_replicas
+from serve_app.autoscaling import (
+    ARRIVALS_METRIC,
+    REFUSED_METRIC,
+    WAITING_METRIC,
+    EngineQueuePolicy,
+    desired_replicas,
+)
 
 
 def test_no_queue_keeps_serves_answer() -> None:
@@ -16,10 +22,25 @@ def test_queue_adds_replicas_in_proportion() -> None:
     assert desired_replicas(2, 5.0, 4, 4) == 5.0  # Serve already wants more
 
 
-def context(current: int, ongoing: float, waiting: dict[str, float]) -> AutoscalingContext:
+def test_refused_demand_sizes_the_pool_for_arrivals_plus_refusals() -> None:
+    # 2 replicas take 10 req/s and 15 req/s more are refused: 2 * 25 / 10
+    assert desired_replicas(2, 2.0, 0, 4, arrivals_per_s=10, refused_per_s=15) == 5.0
+    # nothing got through: one more replica
+    assert desired_replicas(1, 1.0, 0, 4, arrivals_per_s=0, refused_per_s=3) == 2.0
+    assert desired_replicas(2, 2.0, 0, 4, arrivals_per_s=10, refused_per_s=0) == 2.0
+
+
+def context(
+    current: int,
+    ongoing: float,
+    waiting: dict[str, float],
+    extra: dict[str, dict[str, float]] | None = None,
+) -> AutoscalingContext:
     dep = DeploymentID(name="pool-x", app_name="llm")
     replicas = [ReplicaID(unique_id=rid, deployment_id=dep) for rid in waiting]
     metrics: dict[str, Any] = {WAITING_METRIC: dict(zip(replicas, waiting.values(), strict=True))}
+    for name, values in (extra or {}).items():
+        metrics[name] = dict(zip(replicas, values.values(), strict=True))
     return AutoscalingContext(
         deployment_id=dep,
         deployment_name="pool-x",
@@ -51,6 +72,13 @@ def test_policy_follows_ongoing_requests_when_engines_keep_up() -> None:
     policy = EngineQueuePolicy(target_waiting_per_replica=2)
     desired, _ = policy(context(2, ongoing=4, waiting={"a": 0, "b": 0}))
     assert desired == pytest.approx(0.5)  # 4 ongoing / 8 target per replica: scale down
+
+
+def test_policy_reads_refused_demand_from_replica_stats() -> None:
+    policy = EngineQueuePolicy(target_waiting_per_replica=1000)
+    extra = {ARRIVALS_METRIC: {"a": 4.0}, REFUSED_METRIC: {"a": 8.0}}
+    desired, _ = policy(context(1, ongoing=2, waiting={"a": 0}, extra=extra))
+    assert desired == pytest.approx(3.0)  # 1 * (4 + 8) / 4
 
 
 def test_target_must_be_positive() -> None:

@@ -1,5 +1,5 @@
 from serve_app.engine.protocol import EngineStats, ReplicaReport
-from serve_app.pool_state import PoolStateBoard, aggregate
+from serve_app.pool_state import REFUSALS_WINDOW_S, PoolStateBoard, aggregate
 
 NOW = 1000.0
 
@@ -70,10 +70,37 @@ def test_board_answers_reports_with_the_pools_worst_fresh_consumer_lag() -> None
 
     board = PoolStateBoard(["a", "b"])
     now = time.time()
-    assert board.report(report("a", "1", reported_at=now)) is None  # no consumer reported yet
+    # no consumer reported yet
+    assert board.report(report("a", "1", reported_at=now)).consumer_lag_ms is None
     board.consumer_lag("ingress-1", {"a": 4.0})
     board.consumer_lag("ingress-2", {"a": 12.0, "b": 1.0})
-    assert board.report(report("a", "1", reported_at=now)) == 12.0
-    assert board.report(report("b", "2", reported_at=now)) == 1.0
+    assert board.report(report("a", "1", reported_at=now)).consumer_lag_ms == 12.0
+    assert board.report(report("b", "2", reported_at=now)).consumer_lag_ms == 1.0
     # lag reports older than the staleness window no longer count
-    assert board.report(report("a", "1", reported_at=now + 60)) is None
+    assert board.report(report("a", "1", reported_at=now + 60)).consumer_lag_ms is None
+
+
+def test_board_shares_refused_demand_among_the_pools_replicas() -> None:
+    board = PoolStateBoard(["a", "b"])
+    board.refused({"a": 30, "b": 0}, now=NOW)
+    board.refused({"a": 10}, now=NOW + 1)
+    board.report(report("a", "2", reported_at=NOW + 1))
+    reply = board.report(report("a", "1", reported_at=NOW + 1))
+    assert reply.refused_per_s == (40 / REFUSALS_WINDOW_S) / 2  # two live replicas of a
+    assert board.report(report("b", "3", reported_at=NOW + 1)).refused_per_s == 0
+    # refusals older than the window are demand no more
+    later = board.report(report("a", "1", reported_at=NOW + REFUSALS_WINDOW_S + 2))
+    assert later.refused_per_s == 0
+
+
+def test_snapshot_sums_queued_tokens_and_averages_measured_rates() -> None:
+    snaps = aggregate(
+        ["a"],
+        [
+            report("a", "1", queued_tokens=100, prefill_tok_s=1000.0),
+            report("a", "2", queued_tokens=50, prefill_tok_s=3000.0),
+            report("a", "3", queued_tokens=5),  # not measured yet
+        ],
+        NOW,
+    )
+    assert snaps["a"].queued_tokens == 155 and snaps["a"].prefill_tok_s == 2000.0

@@ -71,7 +71,26 @@ async def test_streams_and_records_latencies() -> None:
 
 async def test_autoscaling_stats_expose_the_engine_queue() -> None:
     replica, _ = await make_replica()
-    assert replica.record_autoscaling_stats() == {"engine_waiting": 3, "engine_running": 2}
+    assert replica.record_autoscaling_stats() == {
+        "engine_waiting": 3,
+        "engine_running": 2,
+        "arrivals_per_s": 0.0,
+        "refused_per_s": 0.0,
+    }
+
+
+async def test_prompt_tokens_are_queued_until_the_first_token() -> None:
+    replica, _ = await make_replica()
+    stream = replica.generate(GenerationRequest("r", [7] * 300, 3))
+    assert replica.report().queued_tokens == 0
+    first = await anext(stream)  # the engine answered: prefill is done
+    assert first.num_tokens == 1 and replica.report().queued_tokens == 0
+    other = replica.generate(GenerationRequest("q", [7] * 40, 3))
+    await other.aclose()  # closed before it started: nothing queued, nothing leaked
+    assert replica.report().queued_tokens == 0
+    rest = [c async for c in stream]
+    assert rest[-1].finish_reason == "length"
+    assert replica.record_autoscaling_stats()["arrivals_per_s"] > 0
 
 
 async def test_health_check_fails_when_the_engine_is_dead() -> None:

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serve_app.routing.config import LatencyPrior, RoutingConfig
-from serve_app.routing.estimator import LatencyModel
+from serve_app.routing.config import LatencyPrior, Placement, RoutingConfig
+from serve_app.routing.estimator import LatencyModel, Load
 from serve_app.routing.policy import (
     PoolView,
     Reject,
@@ -23,7 +23,9 @@ from serve_app.routing.policy import (
 from serve_app.routing.slo import SLO
 
 NOW = 1000.0
-CONFIG = RoutingConfig(max_waiting_per_replica=8, fit_margin=0.8)
+# The decision table runs best fit, the placement whose cases are the subtlest; the others
+# have their own tests below.
+CONFIG = RoutingConfig(max_waiting_per_replica=8, fit_margin=0.8, placement=Placement.BEST_FIT)
 FAST = LatencyPrior(
     ttft_base_ms=20,
     ttft_ms_per_prompt_token=0.0,
@@ -197,12 +199,12 @@ def test_reject_for_latency_carries_retry_after() -> None:
 def test_learned_factor_changes_the_choice() -> None:
     slo = SLO("i", ttft_ms=150)
     assert decide(req(), slo, [LOW, THR], CONFIG, NOW) == RouteTo(
-        "throughput", RouteReason.SLO_FIT, predict(THR, req())
+        "throughput", RouteReason.SLO_FIT, predict(THR, req(), NOW)
     )
     # throughput turned out 3x slower than its prior: it no longer fits
     model = THR.model
     for _ in range(20):
-        model = model.learn(100, 0, 0, ttft_ms=300, tpot_ms=None, rate=0.3)
+        model = model.learn(100, Load(), ttft_ms=300, tpot_ms=None, rate=0.3, now=NOW)
     slower = replace(THR, model=model)
     decision = decide(req(), slo, [LOW, slower], CONFIG, NOW)
     assert isinstance(decision, RouteTo) and decision.pool == "low-latency"
@@ -267,7 +269,7 @@ def test_rejects_for_latency_only_when_every_pool_misses(
             if p.max_model_len >= need and p.replicas > 0:
                 waiting_per_replica = p.waiting / p.replicas
                 saturated = waiting_per_replica >= CONFIG.max_waiting_per_replica
-                assert saturated or slo_ratio(predict(p, features), slo) > 1.0
+                assert saturated or slo_ratio(predict(p, features, NOW), slo) > 1.0
 
 
 @settings(max_examples=400, deadline=None)
@@ -308,3 +310,90 @@ def test_plain_policies_never_refuse_for_latency() -> None:
     assert isinstance(decision, RouteTo) and decision.reason is RouteReason.SINGLE_POOL
     too_long = decide_plain(req(3000), [LOW, THR], NOW, 0, "low-latency")
     assert isinstance(too_long, Reject) and too_long.param == "input_tokens"
+
+
+def test_least_load_baseline_takes_the_pool_with_fewer_requests() -> None:
+    busy_low = replace(LOW, waiting=2, running=6)
+    decision = decide_plain(req(), [busy_low, replace(THR, running=3)], NOW, 0, None, True)
+    assert isinstance(decision, RouteTo)
+    assert (decision.pool, decision.reason) == ("throughput", RouteReason.LEAST_LOAD)
+    # an idle fleet: in turn
+    idle = [decide_plain(req(), [LOW, THR], NOW, t, None, True) for t in range(2)]
+    assert {d.pool for d in idle if isinstance(d, RouteTo)} == {"low-latency", "throughput"}
+
+
+# --- queueing in prefill tokens, placement, demand ------------------------------------------
+
+PER_TOKEN = FAST.model_copy(
+    update={"ttft_ms_per_prompt_token": 0.05, "ttft_ms_per_waiting_request": 0}
+)
+
+
+def test_queued_prefill_tokens_raise_the_prediction() -> None:
+    idle = pool("a", prior=PER_TOKEN)
+    queued = replace(idle, queued_tokens=20_000, waiting=2)
+    assert predict(idle, req(100), NOW).ttft_ms == pytest.approx(20 + 0.05 * 100)
+    # 20,000 tokens ahead at 0.05 ms each: a second more, whatever the request count
+    assert predict(queued, req(100), NOW).ttft_ms == pytest.approx(20 + 0.05 * 20_100)
+    two_replicas = replace(queued, replicas=2)
+    assert predict(two_replicas, req(100), NOW).ttft_ms == pytest.approx(20 + 0.05 * 10_100)
+    decision = decide(req(100), SLO("i", ttft_ms=500), [queued], CONFIG, NOW)
+    assert isinstance(decision, Reject) and decision.reason is RejectReason.SLO_UNMEETABLE
+
+
+def test_measured_prefill_rate_replaces_the_prior() -> None:
+    measured = pool("a", prior=PER_TOKEN, running=0)
+    measured = replace(measured, queued_tokens=10_000, model=measured.model.with_prefill_rate(1e6))
+    assert predict(measured, req(0), NOW).ttft_ms == pytest.approx(20 + 10_000 * 1e-3)
+
+
+def test_queued_prefill_slows_decoding_up_to_the_step_budget() -> None:
+    prior = FAST.model_copy(update={"tpot_ms_per_prefill_token": 0.01})
+    p = replace(pool("a", prior=prior), model=LatencyModel(prior, step_tokens=1000))
+    assert predict(replace(p, queued_tokens=500), req(), NOW).tpot_ms == pytest.approx(4 + 5)
+    assert predict(replace(p, queued_tokens=50_000), req(), NOW).tpot_ms == pytest.approx(4 + 10)
+
+
+@pytest.mark.parametrize(
+    ("placement", "want"),
+    [
+        (Placement.HEADROOM, "low-latency"),  # ratio 0.02 vs 0.1
+        (Placement.BEST_FIT, "throughput"),
+        (Placement.LEAST_LOAD, "throughput"),  # 0 requests vs 3
+    ],
+)
+def test_placement_when_several_pools_fit(placement: Placement, want: str) -> None:
+    config = replace_config(placement)
+    busy_low = replace(LOW, running=3)
+    decision = decide(req(), SLO("s", ttft_ms=1000), [busy_low, THR], config, NOW)
+    assert isinstance(decision, RouteTo) and decision.pool == want
+
+
+def replace_config(placement: Placement) -> RoutingConfig:
+    return CONFIG.model_copy(update={"placement": placement})
+
+
+def test_refusal_for_capacity_names_the_pool_that_lacked_it() -> None:
+    queued = replace(pool("low-latency", prior=PER_TOKEN), queued_tokens=20_000)
+    decision = decide(req(100), SLO("i", ttft_ms=500), [queued], CONFIG, NOW)
+    assert isinstance(decision, Reject) and decision.demand_pool == "low-latency"
+    saturated = decide(req(100), SLO("i", ttft_ms=500), [replace(LOW, waiting=9)], CONFIG, NOW)
+    assert isinstance(saturated, Reject) and saturated.demand_pool == "low-latency"
+    # even an idle pool would miss 5 ms: more replicas would not help
+    hopeless = decide(req(100), SLO("i", ttft_ms=5), [LOW], CONFIG, NOW)
+    assert isinstance(hopeless, Reject) and hopeless.demand_pool is None
+
+
+def test_learned_factors_relax_to_the_prior_without_measurements() -> None:
+    model = LatencyModel(FAST, half_life_s=10)
+    for _ in range(30):
+        model = model.learn(100, Load(), ttft_ms=800, tpot_ms=None, rate=0.5, now=NOW)
+    stalled = model.predict(100, Load(), NOW).ttft_ms
+    assert stalled > 700  # a stall: the prediction follows it
+    assert model.factors(NOW + 30)[0] == pytest.approx(1 + (model.ttft_factor - 1) / 8)
+    assert model.predict(100, Load(), NOW + 300).ttft_ms == pytest.approx(20, rel=1e-3)
+    # so a pool refused during the stall is admitted again once it has passed
+    p = replace(LOW, model=model)
+    fresh = replace(p, updated_at=NOW + 120)  # the board kept reporting the idle pool
+    assert isinstance(decide(req(), SLO("i", ttft_ms=100), [p], CONFIG, NOW), Reject)
+    assert isinstance(decide(req(), SLO("i", ttft_ms=100), [fresh], CONFIG, NOW + 120), RouteTo)

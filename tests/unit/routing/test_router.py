@@ -1,7 +1,7 @@
 from serve_app.pool_state import PoolSnapshot
-from serve_app.routing.config import LatencyPrior, RoutingConfig
-from serve_app.routing.estimator import LatencyModel
-from serve_app.routing.policy import RequestFeatures, RouteTo
+from serve_app.routing.config import LatencyPrior, Policy, RoutingConfig
+from serve_app.routing.estimator import LatencyModel, Load
+from serve_app.routing.policy import Reject, RejectReason, RequestFeatures, RouteTo
 from serve_app.routing.router import Router
 from serve_app.routing.slo import SLO
 
@@ -19,31 +19,75 @@ def test_local_dispatches_count_until_the_board_catches_up() -> None:
     features, slo = RequestFeatures(10, 10), SLO("s", ttft_ms=10_000)
     for _ in range(3):
         assert isinstance(r.decide(features, slo, NOW), RouteTo)
-        r.dispatched("a")
+        r.dispatched("a", 10)
     # three requests wait for a first token: the pool is saturated for this ingress
     assert not isinstance(r.decide(features, slo, NOW), RouteTo)
-    r.first_token("a")
-    assert r.views()[0].waiting == 2 and r.views()[0].running == 1
-    r.finished("a", got_first_token=True)
-    r.finished("a", got_first_token=False)
-    assert (r.views()[0].waiting, r.views()[0].running) == (1, 0)
+    assert r.views(NOW)[0].queued_tokens == 30
+    r.first_token("a", 10)
+    view = r.views(NOW)[0]
+    assert (view.waiting, view.running, view.queued_tokens) == (2, 1, 20)
+    r.finished("a", 10, got_first_token=True)
+    r.finished("a", 10, got_first_token=False)
+    view = r.views(NOW)[0]
+    assert (view.waiting, view.running, view.queued_tokens) == (1, 0, 10)
 
 
 def test_board_counts_win_when_larger() -> None:
     r = router()
-    r.dispatched("a")
+    r.dispatched("a", 10)
     r.update({"a": PoolSnapshot("a", replicas=1, waiting=5, running=7, updated_at=NOW)})
-    view = r.views()[0]
+    view = r.views(NOW)[0]
     assert (view.waiting, view.running) == (5, 7)
 
 
 def test_learning_moves_the_factor_towards_measurements() -> None:
     r = router()
-    load = r.load_of("a")
+    load = Load()
     before = r.model("a").ttft_factor
-    raw = LatencyModel(LatencyPrior()).predict(100, 0, 0).ttft_ms
+    raw = LatencyModel(LatencyPrior()).predict(100, load, NOW).ttft_ms
     for _ in range(30):
-        r.learn("a", 100, load, ttft_ms=raw * 3, tpot_ms=None)
+        r.learn("a", 100, load, ttft_ms=raw * 3, tpot_ms=None, now=NOW)
     assert before == 1.0
     assert 2.9 < r.model("a").ttft_factor <= 3.0
     assert r.model("a").tpot_factor == 1.0
+
+
+def two_pools() -> Router:
+    r = Router({"a": 2048, "b": 2048}, RoutingConfig())
+    r.update({name: PoolSnapshot(name, replicas=2, updated_at=NOW) for name in ("a", "b")}, now=NOW)
+    return r
+
+
+def test_round_robin_alternates_when_an_admission_check_runs_first() -> None:
+    r = two_pools()
+    features, slo = RequestFeatures(10, 10), SLO("s")
+    pools = []
+    for _ in range(10):
+        # the ingress's early admission check, then the route step, as for every request
+        r.decide(RequestFeatures(1, 1), slo, NOW, Policy.ROUND_ROBIN, commit=False)
+        decision = r.decide(features, slo, NOW, Policy.ROUND_ROBIN)
+        assert isinstance(decision, RouteTo)
+        pools.append(decision.pool)
+    assert pools == ["b", "a"] * 5
+
+
+def test_many_failures_on_one_replica_count_it_once() -> None:
+    r = two_pools()
+    for _ in range(5):
+        r.replica_failed("a", "actor_id:1", NOW)
+    assert r.views(NOW)[0].replicas == 1
+    r.replica_failed("a", "actor_id:2", NOW)
+    assert r.views(NOW)[0].replicas == 0
+    assert r.views(NOW + 10)[0].replicas == 2  # the board has had time to notice
+
+
+def test_routing_goes_on_when_the_board_stops_answering() -> None:
+    r = two_pools()
+    later = NOW + 60  # no snapshot for a minute
+    assert r.board_stale(later)
+    decision = r.decide(RequestFeatures(10, 10), SLO("s", ttft_ms=10_000), later)
+    assert isinstance(decision, RouteTo)
+    # whereas a live board that reports no replica for a pool still takes it out
+    r.update({"a": PoolSnapshot("a", updated_at=later), "b": PoolSnapshot("b")}, now=later)
+    gone = r.decide(RequestFeatures(10, 10), SLO("s", ttft_ms=10_000), later)
+    assert isinstance(gone, Reject) and gone.reason is RejectReason.NO_REPLICA

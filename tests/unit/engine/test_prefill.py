@@ -1,0 +1,64 @@
+"""Prefill accounting: queued tokens, the measured rate, forgetting it."""
+
+import pytest
+
+from serve_app.engine.prefill import PrefillMeter, RecentRate
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_rate_is_tokens_over_the_time_prefill_was_pending() -> None:
+    clock = Clock()
+    meter = PrefillMeter(min_tokens=1000, weight=1.0, forget_after_s=30, clock=clock)
+    assert meter.rate() is None
+    meter.queued(3000)
+    clock.now += 0.5
+    meter.queued(1000)
+    assert meter.queued_tokens == 4000
+    clock.now += 0.5
+    meter.prefilled(3000)
+    meter.prefilled(1000)
+    clock.now += 10  # idle: not counted as prefill time
+    meter.queued(100)
+    clock.now += 0.1
+    meter.prefilled(100)
+    assert meter.queued_tokens == 0
+    assert meter.rate() == pytest.approx(4100 / 1.1)  # busy 0.5 + 0.5 + 0.1 s
+
+
+def test_small_windows_wait_for_enough_tokens_and_old_rates_are_forgotten() -> None:
+    clock = Clock()
+    meter = PrefillMeter(min_tokens=1000, weight=1.0, forget_after_s=30, clock=clock)
+    meter.queued(500)
+    clock.now += 0.1
+    meter.prefilled(500)
+    assert meter.rate() is None  # 500 tokens: not enough to measure
+    meter.queued(500)
+    clock.now += 0.1
+    meter.prefilled(500)
+    assert meter.rate() == pytest.approx(1000 / 0.2)
+    clock.now += 31
+    assert meter.rate() is None
+
+
+def test_dropped_requests_leave_the_queue() -> None:
+    meter = PrefillMeter(clock=Clock())
+    meter.queued(200)
+    meter.dropped(200)
+    assert meter.queued_tokens == 0
+
+
+def test_recent_rate_counts_a_sliding_window() -> None:
+    clock = Clock()
+    rate = RecentRate(window_s=5, clock=clock)
+    for _ in range(10):
+        rate.add()
+    assert rate.per_s() == 2.0
+    clock.now += 6
+    assert rate.per_s() == 0.0
