@@ -22,6 +22,15 @@ class RunResult:
     wall_s: float
     peak_mem_gib: float | None
 
+    @property
+    def arrival_window_s(self) -> float:
+        """The time over which requests were offered: the last arrival of an open loop (a
+        queue drained after it is not offered load), the whole run of a closed one."""
+        if self.workload.arrival.kind == "closed":
+            return self.wall_s
+        offered = [s.arrival_s for s in expand(self.workload)]
+        return max(offered[-1], 1e-9) if offered else self.wall_s
+
 
 async def _closed_loop(
     target: Target, specs: list[RequestSpec], concurrency: int, deadline: float, bar: tqdm
@@ -93,7 +102,7 @@ async def run_workload(
     return RunResult(target.name, workload, samples, wall_s, probe.peak_gib)
 
 
-def _pcts(values: list[float]) -> dict[str, float | None]:
+def percentiles(values: list[float]) -> dict[str, float | None]:
     if not values:
         return {"p50": None, "p90": None, "p99": None}
     ordered = sorted(values)
@@ -104,7 +113,7 @@ def _pcts(values: list[float]) -> dict[str, float | None]:
     return {"p50": at(0.5), "p90": at(0.9), "p99": at(0.99)}
 
 
-def _met(sample: Sample, workload: Workload) -> bool:
+def met_slo(sample: Sample, workload: Workload) -> bool:
     if not sample.ok:
         return False
     slo = workload.slo_classes.get(sample.slo_class)
@@ -121,7 +130,7 @@ def summarize(result: RunResult) -> dict[str, Any]:
     attainment: dict[str, float] = {}
     for cls in sorted({s.slo_class for s in result.samples}):
         in_class = [s for s in result.samples if s.slo_class == cls]
-        attainment[cls] = sum(_met(s, result.workload) for s in in_class) / len(in_class)
+        attainment[cls] = sum(met_slo(s, result.workload) for s in in_class) / len(in_class)
     errors = [s.error for s in result.samples if not s.ok]
     return {
         "target": result.target,
@@ -131,13 +140,15 @@ def summarize(result: RunResult) -> dict[str, Any]:
         "requests": len(result.samples),
         "errors": len(errors),
         "error_kinds": sorted({e for e in errors if e}),
-        "ttft_ms": _pcts([s.ttft_ms for s in ok if s.ttft_ms is not None]),
-        "tpot_ms": _pcts([t for s in ok if (t := s.tpot_ms) is not None]),
-        "itl_ms": _pcts([g for s in ok for g in s.chunk_gaps_ms]),
-        "e2e_ms": _pcts([s.e2e_ms for s in ok if s.e2e_ms is not None]),
+        "ttft_ms": percentiles([s.ttft_ms for s in ok if s.ttft_ms is not None]),
+        "tpot_ms": percentiles([t for s in ok if (t := s.tpot_ms) is not None]),
+        "itl_ms": percentiles([g for s in ok for g in s.chunk_gaps_ms]),
+        "e2e_ms": percentiles([s.e2e_ms for s in ok if s.e2e_ms is not None]),
         "output_tok_s": sum(s.output_tokens for s in ok) / wall,
         "req_s": len(ok) / wall,
-        "goodput_req_s": sum(_met(s, result.workload) for s in result.samples) / wall,
+        # SLO-met requests per second of offered load (DistServe), not of a drain
+        "goodput_req_s": sum(met_slo(s, result.workload) for s in result.samples)
+        / result.arrival_window_s,
         "slo_attainment": attainment,
         "peak_mem_gib": result.peak_mem_gib,
         "wall_s": result.wall_s,

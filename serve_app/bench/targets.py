@@ -13,6 +13,7 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -27,6 +28,7 @@ from serve_app.profiles import (
     load_profile,
     profiles_dir,
 )
+from serve_app.routing.config import SLOClass
 
 
 @dataclass
@@ -40,6 +42,9 @@ class Sample:
     output_tokens: int = 0
     prompt_tokens: int = 0
     chunk_gaps_ms: list[float] = field(default_factory=list)
+    status: int | None = None  # HTTP status (HTTP targets)
+    pool: str | None = None  # x-serve-pool: the pool that served it (the app)
+    predicted_ttft_ms: float | None = None  # x-route-predicted-ttft-ms (the app)
 
     @property
     def tpot_ms(self) -> float | None:
@@ -132,11 +137,22 @@ class HTTPTarget:
         send_slo_class: bool,
         model: str | None = None,
         route_policy: str | None = None,
+        slo_targets: Mapping[str, SLOClass] | None = None,
     ) -> None:
+        """`slo_targets`: send each class's targets as x-slo-ttft-ms / x-slo-tpot-ms too (the
+        workload, not the app's configured classes, then defines the SLO)."""
         self.name = name
         self._url = url.rstrip("/")
         self._send_slo_class = send_slo_class
         self._route_policy = route_policy
+        self._slo_headers = {
+            name: {
+                header: str(round(value))
+                for header, value in (("x-slo-ttft-ms", c.ttft_ms), ("x-slo-tpot-ms", c.tpot_ms))
+                if value is not None
+            }
+            for name, c in (slo_targets or {}).items()
+        }
         self._model = model
         self._session: aiohttp.ClientSession | None = None
 
@@ -162,6 +178,7 @@ class HTTPTarget:
             "stream_options": {"include_usage": True},
         }
         headers = {"x-slo-class": spec.slo_class} if self._send_slo_class else {}
+        headers.update(self._slo_headers.get(spec.slo_class, {}))
         if self._route_policy:
             headers["x-route-policy"] = self._route_policy
         sample = _new_sample(spec)
@@ -169,6 +186,10 @@ class HTTPTarget:
         chunks = 0
         try:
             async with self._session.post("/v1/completions", json=body, headers=headers) as r:
+                sample.status = r.status
+                sample.pool = r.headers.get("x-serve-pool")
+                if predicted := r.headers.get("x-route-predicted-ttft-ms"):
+                    sample.predicted_ttft_ms = float(predicted)
                 if r.status != 200:
                     sample.error = f"HTTP {r.status}"
                     await r.read()

@@ -72,6 +72,15 @@ class Arrival(BaseModel):
         return self
 
 
+class ClassShape(BaseModel):
+    """Lengths of one SLO class's requests (e.g. short chats beside long documents)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prompt_tokens: Lengths
+    output_tokens: Lengths
+
+
 class Workload(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -83,6 +92,10 @@ class Workload(BaseModel):
     slo_mix: dict[str, float] = Field(default_factory=lambda: {"standard": 1.0})
     slo_classes: dict[str, SLOClass] = Field(
         default_factory=dict, description="Targets per class, for attainment and goodput."
+    )
+    class_shapes: dict[str, ClassShape] = Field(
+        default_factory=dict,
+        description="Lengths per class; classes not named here use prompt_tokens/output_tokens.",
     )
     requests: int = Field(100, ge=1, le=100_000)
     duration_s: float = Field(600, gt=0, description="Hard bound on one run's wall time.")
@@ -97,6 +110,10 @@ class Workload(BaseModel):
 
     def with_arrival(self, arrival: Arrival) -> Workload:
         return self.model_copy(update={"arrival": arrival})
+
+    def with_targets(self, slo_class: str, ttft_ms: float, tpot_ms: float) -> Workload:
+        classes = {**self.slo_classes, slo_class: SLOClass(ttft_ms=ttft_ms, tpot_ms=tpot_ms)}
+        return self.model_copy(update={"slo_classes": classes})
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +133,11 @@ def expand(workload: Workload, vocab_size: int = 4000) -> list[RequestSpec]:
     at = 0.0
     specs = []
     for i in range(workload.requests):
-        n = workload.prompt_tokens.draw(rng)
+        shape = None
+        if workload.class_shapes:  # the class decides the lengths: draw it first
+            slo_class = rng.choices(classes, weights)[0]
+            shape = workload.class_shapes.get(slo_class)
+        n = (shape.prompt_tokens if shape else workload.prompt_tokens).draw(rng)
         prompt = [rng.randrange(5, vocab_size) for _ in range(n)]
         if workload.arrival.kind == "poisson":
             assert workload.arrival.rate is not None
@@ -124,12 +145,15 @@ def expand(workload: Workload, vocab_size: int = 4000) -> list[RequestSpec]:
         elif workload.arrival.kind == "constant":
             assert workload.arrival.rate is not None
             at = i / workload.arrival.rate
+        max_tokens = (shape.output_tokens if shape else workload.output_tokens).draw(rng)
+        if not workload.class_shapes:
+            slo_class = rng.choices(classes, weights)[0]
         specs.append(
             RequestSpec(
                 index=i,
                 prompt_token_ids=prompt,
-                max_tokens=workload.output_tokens.draw(rng),
-                slo_class=rng.choices(classes, weights)[0],
+                max_tokens=max_tokens,
+                slo_class=slo_class,
                 arrival_s=at,
             )
         )

@@ -1,0 +1,447 @@
+"""Goodput under SLOs: routing policies side by side on one running app, at rising offered rates.
+
+    python -m serve_app.bench.goodput --url http://127.0.0.1:8000 \\
+        --workload workloads/slo-mix.yaml --multiples 0.5,1,1.5,2 --repeats-at 1,2 \\
+        --machine "..." --out docs/results/goodput --name cpu
+
+Goodput as DistServe defines it: requests that met every SLO of their class, per second of the
+*arrival window* (Poisson arrivals for `--window-s`; the drain after it is not offered load). A
+refusal (429/503) is a miss. Per (policy, rate, repeat) one record with attainment over all
+offered requests and over the admitted ones, per class, and the router's calibration per pool
+(its predicted TTFT, sent back in `x-route-predicted-ttft-ms`, against the TTFT the client saw).
+Policies run in turn at each rate (same replicas, `x-route-policy`; the app must set
+`routing.allow_policy_header`), and the app is left to drain between runs.
+
+The fleet's capacity (`--capacity`, req/s) is the closed-loop throughput of the workload under
+round-robin (`--probe-concurrency` users for `--probe-s`) unless given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from serve_app.bench.memory import MemoryProbe
+from serve_app.bench.runner import RunResult, met_slo, percentiles, run_workload
+from serve_app.bench.targets import HTTPTarget, Sample
+from serve_app.bench.workload import Arrival, Workload, load_workload
+
+REFUSED = (429, 503)
+ATTAINMENT_GOAL = 0.9  # DistServe's goodput rate: the highest rate at which this share meets
+KEY_CLASS = "interactive"
+
+
+def calibration(samples: list[Sample]) -> dict[str, dict[str, float | int]]:
+    """Per pool: median |observed - predicted| TTFT and the p90 of observed / predicted."""
+    by_pool: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for s in samples:
+        if s.ok and s.pool and s.ttft_ms is not None and s.predicted_ttft_ms:
+            by_pool[s.pool].append((s.ttft_ms, s.predicted_ttft_ms))
+    out: dict[str, dict[str, float | int]] = {}
+    for pool, pairs in sorted(by_pool.items()):
+        ratios = [obs / pred for obs, pred in pairs]
+        out[pool] = {
+            "n": len(pairs),
+            "median_abs_error_ms": statistics.median(abs(obs - pred) for obs, pred in pairs),
+            "p90_observed_over_predicted": percentiles(ratios)["p90"] or 0.0,
+            "median_observed_over_predicted": statistics.median(ratios),
+        }
+    return out
+
+
+def record(
+    result: RunResult, policy: str, multiple: float, repeat: int, machine: str
+) -> dict[str, Any]:
+    samples, workload = result.samples, result.workload
+    window = result.arrival_window_s
+    refused = [s for s in samples if s.status in REFUSED]
+    admitted = [s for s in samples if s.status not in REFUSED]
+    ok = [s for s in samples if s.ok]
+
+    def share(group: list[Sample]) -> float | None:
+        return sum(met_slo(s, workload) for s in group) / len(group) if group else None
+
+    classes = sorted({s.slo_class for s in samples})
+    by_class = {c: [s for s in samples if s.slo_class == c] for c in classes}
+    return {
+        "policy": policy,
+        "rate": workload.arrival.rate,
+        "multiple": multiple,
+        "repeat": repeat,
+        "machine": machine,
+        "window_s": window,
+        "wall_s": result.wall_s,
+        "offered": len(samples),
+        "served": len(ok),
+        "refused": len(refused),
+        "failed": len(admitted) - len(ok),
+        "goodput_req_s": sum(met_slo(s, workload) for s in samples) / window,
+        "attainment_offered": share(samples),
+        "attainment_admitted": share(admitted),
+        "by_class": {
+            c: {
+                "offered": len(group),
+                "refused": sum(s.status in REFUSED for s in group),
+                "attainment_offered": share(group),
+                "attainment_admitted": share([s for s in group if s.status not in REFUSED]),
+                "ttft_ms": percentiles([s.ttft_ms for s in group if s.ok and s.ttft_ms]),
+                "tpot_ms": percentiles([t for s in group if s.ok and (t := s.tpot_ms)]),
+            }
+            for c, group in by_class.items()
+        },
+        "pools": dict(sorted(_count(s.pool or "none" for s in ok).items())),
+        "ttft_ms": percentiles([s.ttft_ms for s in ok if s.ttft_ms is not None]),
+        "tpot_ms": percentiles([t for s in ok if (t := s.tpot_ms) is not None]),
+        "calibration": calibration(samples),
+        "slo_classes": {c: v.model_dump() for c, v in workload.slo_classes.items()},
+    }
+
+
+def _count(items: Any) -> dict[str, int]:
+    out: dict[str, int] = defaultdict(int)
+    for item in items:
+        out[item] += 1
+    return out
+
+
+async def _idle(url: str, timeout_s: float = 60) -> None:
+    """Wait until no pool has requests waiting or running (the previous run has drained)."""
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession(url) as session:
+        while time.monotonic() < deadline:
+            async with session.get("/pools") as r:
+                pools = await r.json()
+            if all(p["waiting"] + p["running"] == 0 for p in pools.values()):
+                return
+            await asyncio.sleep(0.5)
+
+
+async def probe_capacity(
+    url: str, workload: Workload, concurrency: int, seconds: float, machine: str
+) -> dict[str, Any]:
+    closed = workload.model_copy(
+        update={
+            "arrival": Arrival(kind="closed", concurrency=concurrency),
+            "requests": 100_000,
+            "duration_s": seconds,
+        }
+    )
+    target = HTTPTarget(url, "probe", send_slo_class=False, route_policy="round-robin")
+    await target.start()
+    try:
+        result = await run_workload(target, closed, MemoryProbe(), progress=False)
+    finally:
+        await target.stop()
+    done = [s for s in result.samples if s.ok]
+    return {
+        "concurrency": concurrency,
+        "seconds": result.wall_s,
+        "completed": len(done),
+        "capacity_req_s": len(done) / result.wall_s,
+        "machine": machine,
+    }
+
+
+def policy_header(policy: str) -> str:
+    return policy.replace("=", ":")
+
+
+async def sweep(
+    args: argparse.Namespace, workload: Workload
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    probe: dict[str, Any] = {"capacity_req_s": args.capacity, "machine": args.machine}
+    if args.capacity is None:
+        probe = await probe_capacity(
+            args.url, workload, args.probe_concurrency, args.probe_s, args.machine
+        )
+        print(
+            f"capacity (closed loop, round-robin): {probe['capacity_req_s']:.2f} req/s", flush=True
+        )
+        await _idle(args.url)
+    capacity = float(probe["capacity_req_s"])
+    multiples = [float(m) for m in args.multiples.split(",")]
+    extra_at = {float(m) for m in args.repeats_at.split(",")} if args.repeats_at else set()
+    policies = args.policies.split(",")
+    records: list[dict[str, Any]] = []
+    out_file = args.out / f"{args.name}.json" if args.out else None
+    for multiple in multiples:
+        rate = capacity * multiple
+        requests = max(1, math.ceil(rate * args.window_s))
+        offered = workload.model_copy(
+            update={
+                "arrival": Arrival(kind="poisson", rate=rate),
+                "requests": requests,
+                "duration_s": args.window_s + args.drain_s,
+            }
+        )
+        repeats = args.repeats + (args.extra_repeats if multiple in extra_at else 0)
+        for repeat in range(repeats):
+            # a new arrival sequence per repeat, the same one for every policy
+            seeded = offered.model_copy(update={"seed": workload.seed + repeat})
+            for policy in policies:
+                target = HTTPTarget(
+                    args.url,
+                    f"app@{policy}",
+                    send_slo_class=True,
+                    route_policy=policy_header(policy),
+                    slo_targets=seeded.slo_classes,
+                )
+                await target.start()
+                try:
+                    result = await run_workload(target, seeded, MemoryProbe(), progress=False)
+                finally:
+                    await target.stop()
+                row = record(result, policy, multiple, repeat, args.machine)
+                records.append(row)
+                key = row["by_class"].get(KEY_CLASS, {})
+                print(
+                    f"{policy:>22} x{multiple:<4} rate={rate:7.2f} rep={repeat} "
+                    f"goodput={row['goodput_req_s']:7.2f} refused={row['refused']:4d} "
+                    f"{KEY_CLASS} offered={_fmt(key.get('attainment_offered'))} "
+                    f"admitted={_fmt(key.get('attainment_admitted'))} pools={row['pools']}",
+                    flush=True,
+                )
+                if out_file is not None:  # a cut-off run keeps what it measured
+                    out_file.parent.mkdir(parents=True, exist_ok=True)
+                    out_file.write_text(json.dumps({"probe": probe, "records": records}, indent=1))
+                await _idle(args.url)
+    return probe, records
+
+
+def _fmt(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3f}"
+
+
+def _spread(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.median(values):.2f} ({min(values):.2f}–{max(values):.2f})"
+
+
+def summarize(records: list[dict[str, Any]]) -> str:
+    """Markdown: goodput and attainment per policy and rate (median, min–max over repeats),
+    DistServe goodput rates, calibration, and the goals."""
+    policies = list(dict.fromkeys(r["policy"] for r in records))
+    multiples = sorted({r["multiple"] for r in records})
+    cell: dict[tuple[str, float], list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        cell[(r["policy"], r["multiple"])].append(r)
+    lines = [
+        "| policy | × capacity | rate req/s | runs | goodput req/s | refused | "
+        f"{KEY_CLASS} attainment, offered | {KEY_CLASS} attainment, admitted | TTFT p50 / p99 ms |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for multiple in multiples:
+        for policy in policies:
+            rows = cell.get((policy, multiple), [])
+            if not rows:
+                continue
+            key = [r["by_class"].get(KEY_CLASS, {}) for r in rows]
+            offered = [
+                k["attainment_offered"] for k in key if k.get("attainment_offered") is not None
+            ]
+            admitted = [
+                k["attainment_admitted"] for k in key if k.get("attainment_admitted") is not None
+            ]
+            lines.append(
+                f"| {policy} | {multiple:g} | {rows[0]['rate']:.2f} | {len(rows)} | "
+                f"{_spread([r['goodput_req_s'] for r in rows])} | "
+                f"{_spread([float(r['refused']) for r in rows])} | "
+                f"{_spread(offered) if offered else '–'} | "
+                f"{_spread(admitted) if admitted else '–'} | "
+                f"{_fmt_ms(rows[0]['ttft_ms']['p50'])} / {_fmt_ms(rows[0]['ttft_ms']['p99'])} |"
+            )
+    lines += [
+        "",
+        "DistServe goodput rate (highest offered rate at which every run of the policy "
+        f"had ≥ {ATTAINMENT_GOAL:.0%} of {KEY_CLASS} requests within SLO):",
+        "",
+    ]
+    for policy in policies:
+        ok = [
+            m
+            for m in multiples
+            if cell.get((policy, m))
+            and all(
+                (r["by_class"].get(KEY_CLASS, {}).get("attainment_offered") or 0) >= ATTAINMENT_GOAL
+                for r in cell[(policy, m)]
+            )
+        ]
+        best = max(ok, default=None)
+        rate = cell[(policy, best)][0]["rate"] if best is not None else None
+        lines.append(
+            f"- {policy}: "
+            + (f"{rate:.2f} req/s ({best:g}× capacity)" if rate else "none of the rates")
+        )
+    lines += [
+        "",
+        "Calibration of the SLO policy (predicted vs client-observed TTFT, per pool):",
+        "",
+    ]
+    lines += [
+        "| × capacity | repeat | pool | n | median abs error ms | median obs/pred | p90 obs/pred |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        if r["policy"] != "slo":
+            continue
+        for pool, c in r["calibration"].items():
+            lines.append(
+                f"| {r['multiple']:g} | {r['repeat']} | {pool} | {c['n']} | "
+                f"{c['median_abs_error_ms']:.1f} | {c['median_observed_over_predicted']:.2f} | "
+                f"{c['p90_observed_over_predicted']:.2f} |"
+            )
+    lines += ["", goals(records)]
+    return "\n".join(lines) + "\n"
+
+
+def _fmt_ms(value: float | None) -> str:
+    return "–" if value is None else f"{value:.0f}"
+
+
+def goals(records: list[dict[str, Any]]) -> str:
+    """The goals, checked against every repeat: at 2× capacity SLO goodput ≥ 90 % of its own
+    peak and ≥ 1.5× round-robin's; at 1× ≥ 1.1× the best baseline; admitted interactive
+    attainment ≥ 95 % at every rate."""
+
+    def runs(policy: str, multiple: float) -> list[dict[str, Any]]:
+        return [r for r in records if r["policy"] == policy and r["multiple"] == multiple]
+
+    def median_goodput(policy: str, multiple: float) -> float | None:
+        rows = runs(policy, multiple)
+        return statistics.median(r["goodput_req_s"] for r in rows) if rows else None
+
+    slo = [r for r in records if r["policy"] == "slo"]
+    if not slo:
+        return ""
+    multiples = sorted({r["multiple"] for r in slo})
+    peak = max(median_goodput("slo", m) or 0.0 for m in multiples)
+    baselines = sorted({r["policy"] for r in records} - {"slo"})
+    out = ["Goals (each repeat checked against the other policies' median):", ""]
+    top = max(multiples)
+    at_top = runs("slo", top)
+    if at_top:
+        worst = min(r["goodput_req_s"] for r in at_top)
+        out.append(
+            f"- at {top:g}× capacity, SLO goodput ≥ 90 % of its peak ({peak:.2f}): "
+            f"min over runs {worst:.2f} = {worst / peak:.0%} → "
+            f"{'met' if worst >= 0.9 * peak else 'missed'}"
+        )
+        rr = median_goodput("round-robin", top)
+        if rr:
+            out.append(
+                f"- at {top:g}×, SLO goodput ≥ 1.5× round-robin ({rr:.2f}): min ratio "
+                f"{worst / rr:.2f} → {'met' if worst >= 1.5 * rr else 'missed'}"
+            )
+    if 1.0 in multiples and baselines:
+        best = max((median_goodput(b, 1.0) or 0.0) for b in baselines)
+        worst = min(r["goodput_req_s"] for r in runs("slo", 1.0))
+        if best:
+            out.append(
+                f"- at 1× (the knee), SLO goodput ≥ 1.1× the best baseline ({best:.2f}): min ratio "
+                f"{worst / best:.2f} → {'met' if worst >= 1.1 * best else 'missed'}"
+            )
+    admitted = [
+        a
+        for r in slo
+        if (a := r["by_class"].get(KEY_CLASS, {}).get("attainment_admitted")) is not None
+    ]
+    if admitted:
+        out.append(
+            f"- admitted {KEY_CLASS} attainment ≥ 95 % at every rate: min {min(admitted):.3f} → "
+            f"{'met' if min(admitted) >= 0.95 else 'missed'}"
+        )
+    return "\n".join(out)
+
+
+def plot(records: list[dict[str, Any]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for policy in dict.fromkeys(r["policy"] for r in records):
+        rates = sorted({r["rate"] for r in records if r["policy"] == policy})
+        for ax, value in ((ax1, "goodput"), (ax2, "attainment")):
+            mids, lows, highs = [], [], []
+            for rate in rates:
+                rows = [r for r in records if r["policy"] == policy and r["rate"] == rate]
+                if value == "goodput":
+                    vals = [r["goodput_req_s"] for r in rows]
+                else:
+                    vals = [
+                        r["by_class"].get(KEY_CLASS, {}).get("attainment_offered") or 0.0
+                        for r in rows
+                    ]
+                mid = statistics.median(vals)
+                mids.append(mid)
+                lows.append(mid - min(vals))
+                highs.append(max(vals) - mid)
+            ax.errorbar(rates, mids, yerr=[lows, highs], marker="o", capsize=3, label=policy)
+    ax1.set(
+        xlabel="offered rate (req/s)", ylabel="goodput (SLO-met req/s of arrivals)", title=title
+    )
+    ax2.set(xlabel="offered rate (req/s)", ylabel=f"{KEY_CLASS} SLO attainment (offered)")
+    ax2.axhline(ATTAINMENT_GOAL, color="grey", ls=":", lw=1)
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m serve_app.bench.goodput",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--url", default="http://127.0.0.1:8000")
+    parser.add_argument("--workload", type=Path, required=True)
+    parser.add_argument("--capacity", type=float, default=None, help="req/s; probed if omitted")
+    parser.add_argument("--probe-concurrency", type=int, default=32)
+    parser.add_argument("--probe-s", type=float, default=20)
+    parser.add_argument("--multiples", default="0.5,1,1.5,2")
+    parser.add_argument("--policies", default="slo,round-robin,least-load,single=throughput")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--repeats-at", default="1,2", help="multiples that get extra repeats")
+    parser.add_argument("--extra-repeats", type=int, default=2)
+    parser.add_argument("--window-s", type=float, default=30, help="arrival window per run")
+    parser.add_argument("--drain-s", type=float, default=30, help="bound on the drain after it")
+    parser.add_argument(
+        "--interactive", default=None, help="TTFT,TPOT ms for the interactive class (overrides)"
+    )
+    parser.add_argument("--machine", required=True, help='the hardware, e.g. "two H200s, 32 cores"')
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--name", default="goodput")
+    args = parser.parse_args(argv)
+    workload = load_workload(args.workload)
+    if args.interactive:
+        ttft, tpot = (float(v) for v in args.interactive.split(","))
+        workload = workload.with_targets(KEY_CLASS, ttft, tpot)
+    probe, records = asyncio.run(sweep(args, workload))
+    report = summarize(records)
+    print("\n" + report)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"{args.name}.json").write_text(
+            json.dumps({"probe": probe, "records": records}, indent=1) + "\n"
+        )
+        (args.out / f"{args.name}.md").write_text(report)
+        plot(records, args.out / f"{args.name}.png", f"{workload.name} on {args.machine}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
