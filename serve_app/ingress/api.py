@@ -345,11 +345,9 @@ class Ingress:
         except SLOHeaderError:
             return None  # the full path answers with the parameter named
         scope.setdefault("state", {})[PARSED_HEADERS] = parsed  # request.state, for _route
-        slo, policy, single_pool = parsed
+        slo, policy, policy_arg = parsed
         smallest = RequestFeatures(prompt_tokens=1, max_tokens=1)
-        decision = self._router.decide(
-            smallest, slo, time.time(), policy, single_pool, commit=False
-        )
+        decision = self._router.decide(smallest, slo, time.time(), policy, policy_arg, commit=False)
         if isinstance(decision, RouteTo) or decision.status == 400:
             return None
         err = self._refusal(decision, slo)
@@ -383,8 +381,8 @@ class Ingress:
 
     def _parse_route_headers(self, headers: Mapping[str, str]) -> _RouteHeaders:
         slo = parse_slo(headers, self._config.routing)
-        policy, single_pool = parse_route_policy(headers, self._config.routing, self._config.pools)
-        return slo, policy, single_pool
+        policy, policy_arg = parse_route_policy(headers, self._config.routing, self._config.pools)
+        return slo, policy, policy_arg
 
     def _route(self, ids: list[int], max_tokens: int, request: Request) -> _Routed:
         parsed: _RouteHeaders | None = getattr(request.state, PARSED_HEADERS, None)
@@ -393,9 +391,9 @@ class Ingress:
                 parsed = self._parse_route_headers(request.headers)
             except SLOHeaderError as e:
                 raise BadRequest(str(e), param=e.header) from None
-        slo, policy, single_pool = parsed
+        slo, policy, policy_arg = parsed
         features = RequestFeatures(prompt_tokens=len(ids), max_tokens=max_tokens)
-        decision = self._router.decide(features, slo, time.time(), policy, single_pool)
+        decision = self._router.decide(features, slo, time.time(), policy, policy_arg)
         if not isinstance(decision, RouteTo):
             raise self._refusal(decision, slo)
         self._metrics.route(decision.pool, decision.reason.value)

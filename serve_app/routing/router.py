@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from serve_app.constants import STATS_STALE_AFTER_S
 from serve_app.pool_state import PoolSnapshot
-from serve_app.routing.config import Policy, RoutingConfig
+from serve_app.routing.config import Placement, Policy, RoutingConfig
 from serve_app.routing.estimator import LatencyModel, Load
 from serve_app.routing.policy import (
     Decision,
@@ -47,6 +47,7 @@ class Router:
         """`pools` maps each pool name to its max_model_len; `step_tokens` to its engines'
         token budget per step (max_num_batched_tokens)."""
         self._config = config
+        self._placements: dict[str, RoutingConfig] = {}  # the config under another placement
         self._max_len = dict(pools)
         steps = step_tokens or {}
         self._models = {
@@ -118,16 +119,22 @@ class Router:
         slo: SLO,
         now: float,
         policy: Policy = Policy.SLO,
-        single_pool: str | None = None,
+        policy_arg: str | None = None,
         commit: bool = True,
     ) -> Decision:
-        """Route one request. `commit=False` asks without taking a turn (an admission check
-        ahead of the real decision must not advance round-robin)."""
+        """Route one request. `policy_arg`: the pool of Policy.SINGLE, or a placement for
+        Policy.SLO other than the configured one. `commit=False` asks without taking a turn (an
+        admission check ahead of the real decision must not advance round-robin)."""
         if policy is Policy.SLO:
-            return decide(features, slo, self.views(now), self._config, now)
+            config = self._config
+            if policy_arg is not None:
+                config = self._placements.setdefault(
+                    policy_arg, config.model_copy(update={"placement": Placement(policy_arg)})
+                )
+            return decide(features, slo, self.views(now), config, now)
         if commit:
             self._turn += 1
-        only = single_pool if policy is Policy.SINGLE else None
+        only = policy_arg if policy is Policy.SINGLE else None
         least_load = policy is Policy.LEAST_LOAD
         return decide_plain(features, self.views(now), now, self._turn, only, least_load)
 

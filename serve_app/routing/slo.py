@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from serve_app.routing.config import Policy, RoutingConfig
+from serve_app.routing.config import Placement, Policy, RoutingConfig
 
 TTFT_HEADERS = ("x-slo-ttft-ms", "x-llm-d-slo-ttft-ms")
 TPOT_HEADERS = ("x-slo-tpot-ms", "x-llm-d-slo-tpot-ms")
@@ -75,8 +75,8 @@ def parse_slo(headers: Mapping[str, str], config: RoutingConfig) -> SLO:
 def parse_route_policy(
     headers: Mapping[str, str], config: RoutingConfig, pools: Iterable[str]
 ) -> tuple[Policy, str | None]:
-    """`x-route-policy: slo | round-robin | least-load | single:<pool>`, honoured only when the
-    config allows."""
+    """`x-route-policy: slo[:<placement>] | round-robin | least-load | single:<pool>`, honoured
+    only when the config allows. Returns the policy and its argument (placement or pool)."""
     raw = headers.get(ROUTE_POLICY_HEADER, "").strip()
     if not raw or not config.allow_policy_header:
         return Policy.SLO, None
@@ -86,8 +86,14 @@ def parse_route_policy(
     except ValueError:
         raise SLOHeaderError(
             ROUTE_POLICY_HEADER,
-            f"header {ROUTE_POLICY_HEADER}: slo, round-robin, least-load or single:<pool>",
+            f"header {ROUTE_POLICY_HEADER}: slo[:<placement>], round-robin, least-load or "
+            "single:<pool>",
         ) from None
     if policy is Policy.SINGLE and pool not in set(pools):
         raise SLOHeaderError(ROUTE_POLICY_HEADER, f"header {ROUTE_POLICY_HEADER}: unknown pool")
-    return policy, (pool if policy is Policy.SINGLE else None)
+    if policy is Policy.SLO and pool and pool not in set(Placement):
+        raise SLOHeaderError(
+            ROUTE_POLICY_HEADER,
+            f"header {ROUTE_POLICY_HEADER}: placement must be one of {', '.join(Placement)}",
+        )
+    return policy, (pool if policy in (Policy.SINGLE, Policy.SLO) and pool else None)

@@ -91,3 +91,12 @@ def test_routing_goes_on_when_the_board_stops_answering() -> None:
     r.update({"a": PoolSnapshot("a", updated_at=later), "b": PoolSnapshot("b")}, now=later)
     gone = r.decide(RequestFeatures(10, 10), SLO("s", ttft_ms=10_000), later)
     assert isinstance(gone, Reject) and gone.reason is RejectReason.NO_REPLICA
+
+
+def test_a_placement_can_be_asked_for_per_request() -> None:
+    r = Router({"a": 2048, "b": 2048}, RoutingConfig())
+    busy = PoolSnapshot("a", replicas=1, running=30, updated_at=NOW)
+    r.update({"a": busy, "b": PoolSnapshot("b", replicas=1, updated_at=NOW)}, now=NOW)
+    features, slo = RequestFeatures(10, 10), SLO("s", ttft_ms=10_000)
+    by_load = r.decide(features, slo, NOW, Policy.SLO, "least-load")
+    assert isinstance(by_load, RouteTo) and by_load.pool == "b"

@@ -57,6 +57,10 @@ def test_route_policy_header_needs_the_config_to_allow_it() -> None:
     assert parse_route_policy(headers, allowed, ["a"]) == (Policy.ROUND_ROBIN, None)
     single = {"x-route-policy": "single:a"}
     assert parse_route_policy(single, allowed, ["a"]) == (Policy.SINGLE, "a")
-    for bad in ("single:zzz", "random"):
+    best_fit = {"x-route-policy": "slo:best-fit"}
+    assert parse_route_policy(best_fit, allowed, ["a"]) == (Policy.SLO, "best-fit")
+    least = {"x-route-policy": "least-load"}
+    assert parse_route_policy(least, allowed, ["a"]) == (Policy.LEAST_LOAD, None)
+    for bad in ("single:zzz", "random", "slo:nearest"):
         with pytest.raises(SLOHeaderError):
             parse_route_policy({"x-route-policy": bad}, allowed, ["a"])
