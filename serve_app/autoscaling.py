@@ -5,14 +5,17 @@ replica). For an LLM engine that count mixes requests being decoded, which a rep
 fine in one batch, with requests the engine's scheduler could not admit yet (its waiting queue),
 which are what hurts TTFT. This policy keeps Serve's ongoing-request target and adds replicas in
 proportion to the engines' own waiting queues, reported by each replica's
-`record_autoscaling_stats()`. Requests the ingress refused because this pool lacked the capacity
-to meet their SLO are demand too: with refusals, the pool is sized for arrivals + refusals at
-its current arrivals per replica (one more replica when nothing got through). Bounds, delays and
-scaling factors are applied by Serve around it.
+`record_autoscaling_stats()`: one more replica per `target_waiting_per_replica` waiting requests
+(Serve rounds the answer up, so a queue below the target adds none). Requests the ingress refused
+because this pool lacked the capacity to meet their SLO are demand too: once they are over
+REFUSED_SHARE of the pool's demand, the pool is sized for arrivals + refusals at its current
+arrivals per replica (one more replica when nothing got through). Bounds, delays and scaling
+factors are applied by Serve around it.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ray.serve.autoscaling_policy import replica_queue_length_autoscaling_policy
@@ -21,6 +24,7 @@ from ray.serve.config import AutoscalingContext
 WAITING_METRIC = "engine_waiting"
 ARRIVALS_METRIC = "arrivals_per_s"
 REFUSED_METRIC = "refused_per_s"
+REFUSED_SHARE = 0.1  # refusals below this share of a pool's demand do not scale it
 POLICY_PATH = "serve_app.autoscaling:EngineQueuePolicy"
 
 
@@ -38,8 +42,8 @@ def desired_replicas(
         return ongoing_desired
     desired = ongoing_desired
     if engine_waiting > 0:
-        desired = max(desired, current + engine_waiting / target_waiting_per_replica)
-    if refused_per_s > 0:
+        desired = max(desired, current + math.floor(engine_waiting / target_waiting_per_replica))
+    if refused_per_s > REFUSED_SHARE * (arrivals_per_s + refused_per_s):
         if arrivals_per_s > 0:
             by_demand = current * (arrivals_per_s + refused_per_s) / arrivals_per_s
         else:

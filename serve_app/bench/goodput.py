@@ -221,10 +221,12 @@ def _fmt(value: float | None) -> str:
     return "–" if value is None else f"{value:.3f}"
 
 
-def _spread(values: list[float]) -> str:
+def _spread(values: list[float], fmt: str = "{:.2f}") -> str:
+    """Median (min–max) of the repeats; the value alone for one run."""
     if len(values) == 1:
-        return f"{values[0]:.2f}"
-    return f"{statistics.median(values):.2f} ({min(values):.2f}–{max(values):.2f})"
+        return fmt.format(values[0])
+    mid, lo, hi = (fmt.format(v) for v in (statistics.median(values), min(values), max(values)))
+    return f"{mid} ({lo}–{hi})"
 
 
 def summarize(records: list[dict[str, Any]]) -> str:
@@ -237,7 +239,8 @@ def summarize(records: list[dict[str, Any]]) -> str:
         cell[(r["policy"], r["multiple"])].append(r)
     lines = [
         "| policy | × capacity | rate req/s | runs | goodput req/s | refused | "
-        f"{KEY_CLASS} attainment, offered | {KEY_CLASS} attainment, admitted | TTFT p50 / p99 ms |",
+        f"{KEY_CLASS} attainment, offered | {KEY_CLASS} attainment, admitted | "
+        "TTFT p50 / p99 ms (median of runs) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for multiple in multiples:
@@ -255,10 +258,10 @@ def summarize(records: list[dict[str, Any]]) -> str:
             lines.append(
                 f"| {policy} | {multiple:g} | {rows[0]['rate']:.2f} | {len(rows)} | "
                 f"{_spread([r['goodput_req_s'] for r in rows])} | "
-                f"{_spread([float(r['refused']) for r in rows])} | "
+                f"{_spread([float(r['refused']) for r in rows], '{:.0f}')} | "
                 f"{_spread(offered) if offered else '–'} | "
                 f"{_spread(admitted) if admitted else '–'} | "
-                f"{_fmt_ms(rows[0]['ttft_ms']['p50'])} / {_fmt_ms(rows[0]['ttft_ms']['p99'])} |"
+                f"{_median_ms(rows, 'p50')} / {_median_ms(rows, 'p99')} |"
             )
     lines += [
         "",
@@ -288,15 +291,16 @@ def summarize(records: list[dict[str, Any]]) -> str:
         "",
     ]
     lines += [
-        "| × capacity | repeat | pool | n | median abs error ms | median obs/pred | p90 obs/pred |",
-        "|---|---|---|---|---|---|---|",
+        "| policy | × capacity | repeat | pool | n | median abs error ms | median obs/pred "
+        "| p90 obs/pred |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
-        if r["policy"] != "slo":
+        if not r["policy"].startswith("slo"):
             continue
         for pool, c in r["calibration"].items():
             lines.append(
-                f"| {r['multiple']:g} | {r['repeat']} | {pool} | {c['n']} | "
+                f"| {r['policy']} | {r['multiple']:g} | {r['repeat']} | {pool} | {c['n']} | "
                 f"{c['median_abs_error_ms']:.1f} | {c['median_observed_over_predicted']:.2f} | "
                 f"{c['p90_observed_over_predicted']:.2f} |"
             )
@@ -304,8 +308,9 @@ def summarize(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _fmt_ms(value: float | None) -> str:
-    return "–" if value is None else f"{value:.0f}"
+def _median_ms(rows: list[dict[str, Any]], q: str) -> str:
+    values = [v for r in rows if (v := r["ttft_ms"][q]) is not None]
+    return f"{statistics.median(values):.0f}" if values else "–"
 
 
 def goals(records: list[dict[str, Any]]) -> str:

@@ -8,6 +8,7 @@ import threading
 import time
 from typing import Any
 
+import httpx
 import pytest
 
 from serve_app.engine.protocol import GenerationRequest
@@ -89,6 +90,68 @@ def test_queue_depth_scales_the_pool_up_and_back_down(app_server: AppServer) -> 
             f"\nscaled up to 2 after {up_s:.0f} s of load; "
             f"back to 1 {down_s:.0f} s after it stopped"
         )
+    finally:
+        stop.set()
+        redeploy(app_server, app_server.config)
+
+
+# Neither Serve's ongoing-request target nor the engines' queues can scale the pool here: only
+# requests refused for want of its capacity (refused demand) can.
+REFUSAL_AUTOSCALING = {
+    **TEST_AUTOSCALING,
+    "policy": {
+        "policy_function": "serve_app.autoscaling:EngineQueuePolicy",
+        "policy_kwargs": {"target_waiting_per_replica": 1000},
+    },
+}
+
+
+def _interactive_load(
+    url: str, stop: threading.Event, statuses: list[int], clients: int = 48, budget_s: float = 200
+) -> None:
+    """`clients` users sending interactive requests back to back, bounded in time."""
+    deadline = time.monotonic() + budget_s
+    body = {"prompt": "tell me a long story " * 20, "max_tokens": 64, "ignore_eos": True}
+
+    def user() -> None:
+        with httpx.Client(base_url=url, timeout=60) as client:
+            while not stop.is_set() and time.monotonic() < deadline:
+                r = client.post(
+                    "/v1/completions", json=body, headers={"x-slo-class": "interactive"}
+                )
+                statuses.append(r.status_code)
+                if r.status_code == 429:
+                    time.sleep(0.2)
+
+    threads = [threading.Thread(target=user, daemon=True) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(budget_s + 60)
+
+
+def test_sustained_refusals_scale_the_pool_up(app_server: AppServer) -> None:
+    config = copy.deepcopy(app_server.config)
+    app = config["applications"][0]
+    # two queued requests per replica saturate a pool: the load is refused early and often
+    app["args"]["routing"] = {**app["args"]["routing"], "max_waiting_per_replica": 2}
+    app["deployments"].append({"name": POOL, "autoscaling_config": REFUSAL_AUTOSCALING})
+    redeploy(app_server, config)
+    stop = threading.Event()
+    statuses: list[int] = []
+    worker = threading.Thread(
+        target=_interactive_load, args=(app_server.url, stop, statuses), daemon=True
+    )
+    try:
+        wait_for(lambda: running_replicas(app_server.dashboard_url) == 1, 120)
+        worker.start()
+        up_s = wait_for(lambda: running_replicas(app_server.dashboard_url) == 2, 180)
+        stop.set()
+        worker.join(90)
+        refused = statuses.count(429)
+        print(f"\nscaled up to 2 after {up_s:.0f} s; {refused} of {len(statuses)} refused (429)")
+        assert refused > 0
+        assert set(statuses) <= {200, 429, 503}, sorted(set(statuses))
     finally:
         stop.set()
         redeploy(app_server, app_server.config)

@@ -20,6 +20,7 @@ def test_no_queue_keeps_serves_answer() -> None:
 def test_queue_adds_replicas_in_proportion() -> None:
     assert desired_replicas(1, 1.0, 8, 4) == 3.0
     assert desired_replicas(2, 5.0, 4, 4) == 5.0  # Serve already wants more
+    assert desired_replicas(2, 2.0, 3, 4) == 2.0  # below the target: none (Serve rounds up)
 
 
 def test_refused_demand_sizes_the_pool_for_arrivals_plus_refusals() -> None:
@@ -28,6 +29,8 @@ def test_refused_demand_sizes_the_pool_for_arrivals_plus_refusals() -> None:
     # nothing got through: one more replica
     assert desired_replicas(1, 1.0, 0, 4, arrivals_per_s=0, refused_per_s=3) == 2.0
     assert desired_replicas(2, 2.0, 0, 4, arrivals_per_s=10, refused_per_s=0) == 2.0
+    # a refusal now and then (under a tenth of the demand) is no reason to scale
+    assert desired_replicas(2, 2.0, 0, 4, arrivals_per_s=10, refused_per_s=1) == 2.0
 
 
 def context(
