@@ -68,6 +68,9 @@ logger = logging.getLogger("ray.serve")
 # runs (kept in request.state under this name), else by the route step.
 _RouteHeaders = tuple[SLO, Policy, str | None]
 PARSED_HEADERS = "route_headers"
+# When the ingress first saw the request (request.state): its TTFT, measured and learned from,
+# includes the time spent queued in the ingress, parsing and tokenizing, not only the pool's.
+ARRIVED = "arrived"
 
 
 DEFAULT_STEP_TOKENS = 2048  # vLLM's token budget per step when a profile sets none
@@ -339,12 +342,14 @@ class Ingress:
         """
         if scope["path"] not in GENERATION_PATHS:
             return None
+        state = scope.setdefault("state", {})
+        state[ARRIVED] = time.perf_counter()
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         try:
             parsed = self._parse_route_headers(headers)
         except SLOHeaderError:
             return None  # the full path answers with the parameter named
-        scope.setdefault("state", {})[PARSED_HEADERS] = parsed  # request.state, for _route
+        state[PARSED_HEADERS] = parsed  # request.state, for _route
         slo, policy, policy_arg = parsed
         smallest = RequestFeatures(prompt_tokens=1, max_tokens=1)
         decision = self._router.decide(smallest, slo, time.time(), policy, policy_arg, commit=False)
@@ -404,7 +409,7 @@ class Ingress:
             slo=slo,
             load=self._router.load_of(decision.pool),
             prompt_tokens=len(ids),
-            started=time.perf_counter(),
+            started=getattr(request.state, ARRIVED, None) or time.perf_counter(),
             predicted_ttft_ms=decision.predicted.ttft_ms,
         )
         request.state.routed = routed

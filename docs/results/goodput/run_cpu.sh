@@ -7,6 +7,7 @@
 set -euo pipefail
 PY=${PY:-.venv/bin/python}
 OUT=${OUT:-docs/results/goodput}
+NAME=${NAME:-cpu}   # output stem; e.g. NAME=cpu-nice with SERVE_APP_CPU_ENGINE_NICENESS=19
 URL=http://127.0.0.1:8000
 setsid $PY -m serve_app run docs/results/goodput/serve_config.cpu.yaml --port 8000 > /tmp/goodput-cpu-app.log 2>&1 &
 APP=$!
@@ -14,8 +15,8 @@ trap 'kill -INT $APP; wait $APP || true' EXIT
 for i in $(seq 1 300); do curl -sf $URL/ready >/dev/null && break; sleep 1; done
 $PY -m serve_app.bench.goodput --url $URL --workload workloads/slo-mix.yaml \
   --probe-concurrency 16 --probe-s 20 --multiples 0.5,1,1.5,2 --repeats-at 1,2 --extra-repeats 2 \
-  --window-s 30 --drain-s 20 --machine "CPU, 2 cores, 24 GiB" --out "$OUT" --name cpu
-CAPACITY=$($PY -c "import json; print(json.load(open('$OUT/cpu.json'))['probe']['capacity_req_s'])")
+  --window-s 30 --drain-s 20 --machine "CPU, 2 cores, 24 GiB" --out "$OUT" --name "$NAME"
+CAPACITY=$($PY -c "import json; print(json.load(open('$OUT/$NAME.json'))['probe']['capacity_req_s'])")
 $PY -m serve_app.bench.goodput --url $URL --workload workloads/slo-mix.yaml --capacity "$CAPACITY" \
   --policies slo:headroom,slo:best-fit,slo:least-load --multiples 1,1.5 --repeats-at "" \
-  --window-s 30 --drain-s 20 --machine "CPU, 2 cores, 24 GiB" --out "$OUT" --name cpu-placement
+  --window-s 30 --drain-s 20 --machine "CPU, 2 cores, 24 GiB" --out "$OUT" --name "$NAME-placement"
