@@ -72,7 +72,6 @@ PARSED_HEADERS = "route_headers"
 # includes the time spent queued in the ingress, parsing and tokenizing, not only the pool's.
 ARRIVED = "arrived"
 
-
 DEFAULT_STEP_TOKENS = 2048  # vLLM's token budget per step when a profile sets none
 BOARD_TIMEOUT_S = 1.0  # a board call slower than this is abandoned (routing goes on without it)
 
@@ -225,7 +224,7 @@ class Ingress:
                 logger.warning("pool state refresh failed", exc_info=True)
             await asyncio.sleep(STATS_PERIOD_S)
 
-    def _refusal(self, decision: Reject, slo: SLO) -> ServeError:
+    def _refusal(self, decision: Reject) -> ServeError:
         """Count a routing refusal (metrics; demand for the pool that lacked capacity)."""
         self._metrics.route("none", decision.reason.value)
         if decision.demand_pool is not None:
@@ -355,7 +354,7 @@ class Ingress:
         decision = self._router.decide(smallest, slo, time.time(), policy, policy_arg, commit=False)
         if isinstance(decision, RouteTo) or decision.status == 400:
             return None
-        err = self._refusal(decision, slo)
+        err = self._refusal(decision)
         self._metrics.request("none", slo.slo_class, outcome_of(err.status_code))
         return err
 
@@ -400,7 +399,7 @@ class Ingress:
         features = RequestFeatures(prompt_tokens=len(ids), max_tokens=max_tokens)
         decision = self._router.decide(features, slo, time.time(), policy, policy_arg)
         if not isinstance(decision, RouteTo):
-            raise self._refusal(decision, slo)
+            raise self._refusal(decision)
         self._metrics.route(decision.pool, decision.reason.value)
         routed = _Routed(
             request_id=f"cmpl-{uuid.uuid4().hex}",

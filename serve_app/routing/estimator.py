@@ -69,7 +69,8 @@ class LatencyModel:
         keep = 0.5 ** (age / self.half_life_s) if self.half_life_s > 0 else 1.0
         return 1 + (self.ttft_factor - 1) * keep, 1 + (self.tpot_factor - 1) * keep
 
-    def _raw(self, prompt_tokens: int, load: Load) -> Prediction:
+    def unscaled(self, prompt_tokens: int, load: Load) -> Prediction:
+        """The prediction from the prior (with the measured prefill rate), no learned factor."""
         p = self.prior
         return Prediction(
             ttft_ms=p.ttft_base_ms
@@ -83,7 +84,7 @@ class LatencyModel:
 
     def predict(self, prompt_tokens: int, load: Load, now: float) -> Prediction:
         """Latency of a new request given the per-replica load."""
-        raw = self._raw(prompt_tokens, load)
+        raw = self.unscaled(prompt_tokens, load)
         ttft_factor, tpot_factor = self.factors(now)
         return Prediction(raw.ttft_ms * ttft_factor, raw.tpot_ms * tpot_factor)
 
@@ -97,7 +98,7 @@ class LatencyModel:
         now: float,
     ) -> LatencyModel:
         """The model after one measurement, taken with the load seen when the request was routed."""
-        raw = self._raw(prompt_tokens, load)
+        raw = self.unscaled(prompt_tokens, load)
         ttft_factor, tpot_factor = self.factors(now)
         if ttft_ms is not None and raw.ttft_ms > 0:
             ttft_factor = _ewma(ttft_factor, ttft_ms / raw.ttft_ms, rate)

@@ -152,14 +152,12 @@ def _retry_after_s(
     return max(1.0, math.ceil(drain_ms / 1000.0))
 
 
-def _demand_pool(
-    features: RequestFeatures, slo: SLO, pools: list[PoolView], now: float
-) -> str | None:
-    """The pool that would meet the SLO with no load (lowest idle ratio): a refusal for want of
-    its capacity is demand for more of it. None when even an idle pool would miss."""
+def _demand_pool(features: RequestFeatures, slo: SLO, pools: list[PoolView]) -> str | None:
+    """The pool that would meet the SLO with no load (lowest idle ratio, from the prior: the
+    learned factors carry the present load): a refusal for want of its capacity is demand for
+    more of it. None when even an idle pool would miss."""
     idle = [
-        (slo_ratio(p.model.predict(features.prompt_tokens, Load(), now), slo), p.name)
-        for p in pools
+        (slo_ratio(p.model.unscaled(features.prompt_tokens, Load()), slo), p.name) for p in pools
     ]
     ratio, name = min(idle)
     return name if ratio <= 1.0 else None
@@ -219,7 +217,7 @@ def decide(
 
     best, best_pred = min(scored, key=lambda pp: ratios[pp[0].name])
     retry = _retry_after_s(best, best_pred, slo, config, now)
-    demand = _demand_pool(features, slo, live, now)
+    demand = _demand_pool(features, slo, live)
     if not open_:
         return Reject(
             429, RejectReason.SATURATED, "every pool that fits is saturated", retry, None, demand
