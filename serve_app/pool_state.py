@@ -75,13 +75,13 @@ def aggregate(
             updated_at=max((r.reported_at for r in rs), default=0.0),
             placements=tuple(sorted((r.replica_id, r.placement) for r in rs)),
             queued_tokens=sum(r.queued_tokens for r in rs),
-            prefill_tok_s=_mean([r.prefill_tok_s for r in rs if r.prefill_tok_s]),
+            prefill_tok_s=_mean([r.prefill_tok_s for r in rs if r.prefill_tok_s is not None]),
         )
     return out
 
 
 def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
+    return statistics.fmean(values) if values else None
 
 
 class PoolStateBoard:

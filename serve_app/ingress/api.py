@@ -267,6 +267,8 @@ class Ingress:
                 "replicas": view.replicas,
                 "waiting": view.waiting,
                 "running": view.running,
+                "queued_prefill_tokens": view.queued_tokens,
+                "prefill_tok_s": snap.prefill_tok_s,
                 "kv_cache_usage": snap.kv_cache_usage,
                 "prefix_cache_hit_rate": snap.prefix_cache_hit_rate,
                 "max_model_len": view.max_model_len,
