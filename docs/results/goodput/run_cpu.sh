@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Goodput on the CPU machine (2 cores, 24 GiB): the app with its two pools on the builtin tiny
 # model, routing policies compared on the same replicas at 0.5x-2x the probed capacity (3 repeats
-# at 1x and 2x), then the three SLO placements side by side at 1x and 1.5x. From the repository
-# root, with the venv of `make run`:
-#   bash docs/results/goodput/run_cpu.sh
+# at 1x and 2x), then the three SLO placements side by side at 1x and 1.5x (3 repeats). From the
+# repository root, with the venv of `make run`:
+#   bash docs/results/goodput/run_cpu.sh             # both
+#   bash docs/results/goodput/run_cpu.sh placement   # the placements alone, at the probed capacity
 set -euo pipefail
 PY=${PY:-.venv/bin/python}
 OUT=${OUT:-docs/results/goodput}
@@ -13,10 +14,10 @@ setsid $PY -m serve_app run docs/results/goodput/serve_config.cpu.yaml --port 80
 APP=$!
 trap 'kill -INT $APP; wait $APP || true' EXIT
 for i in $(seq 1 300); do curl -sf $URL/ready >/dev/null && break; sleep 1; done
-$PY -m serve_app.bench.goodput --url $URL --workload workloads/slo-mix.yaml \
+[ "${1:-}" = placement ] || $PY -m serve_app.bench.goodput --url $URL --workload workloads/slo-mix.yaml \
   --probe-concurrency 16 --probe-s 20 --multiples 0.5,1,1.5,2 --repeats-at 1,2 --extra-repeats 2 \
   --window-s 30 --drain-s 20 --machine "CPU, 2 cores, 24 GiB" --out "$OUT" --name "$NAME"
 CAPACITY=$($PY -c "import json; print(json.load(open('$OUT/$NAME.json'))['probe']['capacity_req_s'])")
 $PY -m serve_app.bench.goodput --url $URL --workload workloads/slo-mix.yaml --capacity "$CAPACITY" \
-  --policies slo:headroom,slo:best-fit,slo:least-load --multiples 1,1.5 --repeats-at "" \
+  --policies slo:headroom,slo:best-fit,slo:least-load --multiples 1,1.5 --repeats 3 --repeats-at "" \
   --window-s 30 --drain-s 20 --machine "CPU, 2 cores, 24 GiB" --out "$OUT" --name "$NAME-placement"
