@@ -100,7 +100,7 @@ class RoutingConfig(BaseModel):
         "half-life (a stall must not keep a pool refused after it has passed).",
     )
     placement: Placement = Field(
-        Placement.HEADROOM,
+        Placement.BEST_FIT,
         description="Which pool takes a request when several meet its SLO with margin.",
     )
     allow_policy_header: bool = Field(

@@ -12,9 +12,9 @@
    targets).
 4. A pool is *saturated* when its queue per replica reaches `max_waiting_per_replica`.
 5. Among unsaturated pools whose ratio is at most `fit_margin`, the configured placement picks:
-   **headroom** (lowest ratio: most room before a miss, the default, see README), **best fit**
-   (highest ratio: the slowest pool that still fits, keeping fast pools free), or **least load**
-   (fewest requests per replica). If the pick over all pools was saturated, the reason is
+   **best fit** (the default, see README: highest ratio, the slowest pool that still fits,
+   keeping fast pools free), **headroom** (lowest ratio: most room before a miss), or **least
+   load** (fewest requests per replica). If the pick over all pools was saturated, the reason is
    `spillover`. Pools that meet the SLO only without margin come next (lowest ratio first).
    Requests without targets go to the pool predicted to finish them soonest.
 6. No pool meets the SLO: reject 429 with Retry-After (the time the best pool's queue needs to
