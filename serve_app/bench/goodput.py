@@ -31,6 +31,7 @@ from typing import Any
 import aiohttp
 
 from serve_app.bench.memory import MemoryProbe
+from serve_app.bench.report import save_figure
 from serve_app.bench.runner import RunResult, met_slo, percentiles, run_workload
 from serve_app.bench.targets import HTTPTarget, Sample
 from serve_app.bench.workload import Arrival, Workload, load_workload
@@ -398,12 +399,7 @@ def plot(records: list[dict[str, Any]], path: Path, title: str) -> None:
     )
     ax2.set(xlabel="offered rate (req/s)", ylabel=f"{KEY_CLASS} SLO attainment (offered)")
     ax2.axhline(ATTAINMENT_GOAL, color="grey", ls=":", lw=1)
-    for ax in (ax1, ax2):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, (ax1, ax2), path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -92,7 +92,14 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         )
     ax1.set(xlabel="concurrency / rate", ylabel="output tokens/s", title="Throughput")
     ax2.set(xlabel="concurrency / rate", ylabel="ms", title="Time to first token")
-    for ax in (ax1, ax2):
+    save_figure(fig, (ax1, ax2), path)
+
+
+def save_figure(fig: Any, axes: tuple[Any, ...], path: Path) -> None:
+    """Grid and legend on each axis, then write the PNG and free the figure."""
+    import matplotlib.pyplot as plt
+
+    for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
