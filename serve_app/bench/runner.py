@@ -21,6 +21,7 @@ class RunResult:
     samples: list[Sample]
     wall_s: float
     peak_mem_gib: float | None
+    last_arrival_s: float | None = None  # open loops: when the last request was offered
 
     @property
     def arrival_window_s(self) -> float:
@@ -28,8 +29,10 @@ class RunResult:
         queue drained after it is not offered load), the whole run of a closed one."""
         if self.workload.arrival.kind == "closed":
             return self.wall_s
-        offered = [s.arrival_s for s in expand(self.workload)]
-        return max(offered[-1], 1e-9) if offered else self.wall_s
+        last = self.last_arrival_s
+        if last is None:
+            last = expand(self.workload)[-1].arrival_s
+        return max(last, 1e-9)
 
 
 async def _closed_loop(
@@ -99,7 +102,7 @@ async def run_workload(
         for s in specs
         if s.index not in finished
     ]
-    return RunResult(target.name, workload, samples, wall_s, probe.peak_gib)
+    return RunResult(target.name, workload, samples, wall_s, probe.peak_gib, specs[-1].arrival_s)
 
 
 def percentiles(values: list[float]) -> dict[str, float | None]:
