@@ -151,6 +151,17 @@ class _Routed:
         }
 
 
+# Helpers the routes call stand above the class: @serve.ingress freezes a pickled copy of the
+# FastAPI app when the class is decorated, and with it the globals its routes see then.
+def _failed_replica(e: BaseException) -> str:
+    """Which replica a failure came from, as far as Ray's error says (its actor or process)."""
+    for attr in ("actor_id", "_actor_id", "pid"):
+        value = getattr(e, attr, None)
+        if value:
+            return f"{attr}:{value}"
+    return "unknown"
+
+
 @serve.deployment
 @serve.ingress(app)
 class Ingress:
@@ -579,12 +590,3 @@ class Ingress:
                 kind, rid, created, model, last.prompt_tokens, last.completion_tokens
             )
         yield fmt.DONE
-
-
-def _failed_replica(e: BaseException) -> str:
-    """Which replica a failure came from, as far as Ray's error says (its actor or process)."""
-    for attr in ("actor_id", "_actor_id", "pid"):
-        value = getattr(e, attr, None)
-        if value:
-            return f"{attr}:{value}"
-    return "unknown"
