@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On nvidia-h200-x2 after ../shared/gpu/remote_install.sh: the app with its two shipped pools
+# On two H200s (32 cores), after the offline vLLM + Ray install (/tmp/site): the app with its two shipped pools
 # (low-latency, throughput), one engine replica per GPU; NVML shows which process holds which GPU;
 # then goodput of SLO routing vs round-robin vs one pool on the mixed workload at rising rates.
 set -euo pipefail

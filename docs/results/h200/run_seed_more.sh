@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the lent H200 (after ../shared/gpu/remote_install.sh): the seed workload on the bare engine
+# On an H200 (after the offline vLLM + Ray install in /tmp/site): the seed workload on the bare engine
 # (block 16, len 4096) at concurrency 1, 16, 64, 256; then chunked prefill on/off x max_num_seqs
 # 64/256 at the seed's concurrency 4.
 set -euo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the lent H200 (after ../shared/gpu/remote_install.sh): the seed table's workload (100
+# On an H200 (after the offline vLLM + Ray install in /tmp/site): the seed table's workload (100
 # requests, prompts 30-300 tokens, 256 output tokens, concurrency 4) on the bare engine, sweeping
 # block size x max_model_len (block 8 is expected to be refused), then fp8 KV at block 16 / 4096.
 set -euo pipefail
