@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On nvidia-h200-x2 after ../shared/gpu/remote_install.sh: `vllm serve` on GPU 0 and the app on
+# On two H200s (32 cores), after the offline vLLM + Ray install (/tmp/site): `vllm serve` on GPU 0 and the app on
 # GPU 1, same engine arguments (profiles/h200-stream.yaml), `vllm bench serve` against both,
 # alternating. MODE=before runs the app from ./before-app (the session-1 serving path:
 # `git archive d34ce1e serve_app | tar -x -C before-app`, its cli.py finding `serve` on PATH);
