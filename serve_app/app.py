@@ -20,7 +20,7 @@ from ray.serve.deployment import Deployment
 from serve_app.autoscaling import POLICY_PATH
 from serve_app.constants import BUILTIN_PREFIX, DEFAULT_MAX_TOKENS
 from serve_app.engine.replica import EngineReplica
-from serve_app.ingress.api import DEFAULT_STEP_TOKENS, Ingress, IngressConfig, PoolInfo
+from serve_app.ingress.api import Ingress, IngressConfig, PoolInfo
 from serve_app.ingress.guard import AuthConfig, LimitsConfig
 from serve_app.pool_state import PoolStateBoard
 from serve_app.profiles import (
@@ -35,6 +35,7 @@ from serve_app.profiles import (
     profiles_dir,
 )
 from serve_app.routing.config import RoutingConfig
+from serve_app.routing.estimator import DEFAULT_STEP_TOKENS
 
 # LLM streams run for minutes: let a draining replica finish them before it is stopped.
 GRACEFUL_SHUTDOWN_TIMEOUT_S = 300.0

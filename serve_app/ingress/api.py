@@ -51,7 +51,7 @@ from serve_app.ingress.prompts import PromptRenderer
 from serve_app.ingress.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
 from serve_app.metrics import IngressMetrics, Outcome, outcome_of
 from serve_app.routing.config import Policy, RoutingConfig
-from serve_app.routing.estimator import Load
+from serve_app.routing.estimator import DEFAULT_STEP_TOKENS, Load
 from serve_app.routing.policy import Reject, RequestFeatures, RouteTo
 from serve_app.routing.router import Router
 from serve_app.routing.slo import (
@@ -72,7 +72,6 @@ PARSED_HEADERS = "route_headers"
 # includes the time spent queued in the ingress, parsing and tokenizing, not only the pool's.
 ARRIVED = "arrived"
 
-DEFAULT_STEP_TOKENS = 2048  # vLLM's token budget per step when a profile sets none
 BOARD_TIMEOUT_S = 1.0  # a board call slower than this is abandoned (routing goes on without it)
 
 
@@ -272,7 +271,9 @@ class Ingress:
     async def pools(self) -> dict[str, object]:
         """Each pool's state as routing sees it: replicas, queues, KV use, learned factors."""
         out: dict[str, object] = {}
-        for view in self._router.views():
+        now = time.time()
+        for view in self._router.views(now):
+            ttft_factor, tpot_factor = view.model.factors(now)  # as routing uses them now
             snap = self._router.snapshots[view.name]
             out[view.name] = {
                 "replicas": view.replicas,
@@ -283,8 +284,8 @@ class Ingress:
                 "kv_cache_usage": snap.kv_cache_usage,
                 "prefix_cache_hit_rate": snap.prefix_cache_hit_rate,
                 "max_model_len": view.max_model_len,
-                "ttft_factor": view.model.ttft_factor,
-                "tpot_factor": view.model.tpot_factor,
+                "ttft_factor": ttft_factor,
+                "tpot_factor": tpot_factor,
                 "ttft_ms_recent_p50": snap.ttft_ms_recent_p50,
                 "tpot_ms_recent_p50": snap.tpot_ms_recent_p50,
                 "updated_at": snap.updated_at,

@@ -26,6 +26,7 @@ from serve_app.routing.config import LatencyPrior
 
 _FACTOR_BOUNDS = (0.02, 50.0)
 DEFAULT_HALF_LIFE_S = 10.0
+DEFAULT_STEP_TOKENS = 2048  # vLLM's token budget per step when a profile sets none
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +52,9 @@ class LatencyModel:
     learned_at: float = 0.0  # when the factors last moved (time.time())
     half_life_s: float = DEFAULT_HALF_LIFE_S
     measured_ms_per_token: float | None = None  # from the replicas' prefill rate
-    step_tokens: int = 2048  # the engines' token budget per step (max_num_batched_tokens)
+    step_tokens: int = (
+        DEFAULT_STEP_TOKENS  # the engines' token budget per step (max_num_batched_tokens)
+    )
 
     @property
     def ms_per_prefill_token(self) -> float:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from serve_app.constants import STATS_STALE_AFTER_S
 from serve_app.pool_state import PoolSnapshot
 from serve_app.routing.config import Placement, Policy, RoutingConfig
-from serve_app.routing.estimator import LatencyModel, Load
+from serve_app.routing.estimator import DEFAULT_STEP_TOKENS, LatencyModel, Load
 from serve_app.routing.policy import (
     Decision,
     PoolView,
@@ -54,7 +54,7 @@ class Router:
             name: LatencyModel(
                 config.prior(name),
                 half_life_s=config.factor_half_life_s,
-                step_tokens=steps.get(name, 2048),
+                step_tokens=steps.get(name, DEFAULT_STEP_TOKENS),
             )
             for name in pools
         }
