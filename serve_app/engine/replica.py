@@ -32,6 +32,7 @@ from serve_app.engine.protocol import (
 )
 from serve_app.metrics import ReplicaMetrics
 from serve_app.profiles import ResolvedProfile
+from serve_app.timing import Stage, elapsed_ms
 
 logger = logging.getLogger("ray.serve")
 
@@ -106,6 +107,7 @@ class EngineReplica:
         outputs accumulate until read). The first token always goes at once; with few streams
         the share is shorter than an engine step, so every step goes out as it comes.
         """
+        received = time.time()
         started = time.perf_counter()
         first_at: float | None = None
         last: StreamChunk | None = None
@@ -119,6 +121,9 @@ class EngineReplica:
                     first_at = time.perf_counter()
                     self._prefill.prefilled(prompt_tokens)
                     self._ttft_ms.append((first_at - started) * 1e3)
+                    if request.sent_at:
+                        chunk.stages = chunk.stages or {}
+                        chunk.stages[Stage.DISPATCH] = elapsed_ms(request.sent_at, received)
                 last = chunk
                 chunk.sent_at = time.time()
                 yield chunk

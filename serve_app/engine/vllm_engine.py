@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -30,6 +31,7 @@ from serve_app.engine.protocol import (
     StreamChunk,
 )
 from serve_app.profiles import Platform, ResolvedProfile
+from serve_app.timing import Stage, elapsed_ms
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +94,27 @@ def _lower_priority_of_children(niceness: int) -> None:
             logger.warning("could not lower the priority of engine process %s", child.pid)
 
 
+def engine_stages(out: Any, started: float, now: float) -> dict[str, float] | None:
+    """The first token's time in the engine, from vLLM's own per-request timestamps.
+
+    vLLM keeps them (RequestOutput.metrics, when stats are logged) on the engine core's
+    monotonic clock, which on Linux is the machine's, so `started` and `now` (this process's
+    time.monotonic()) bracket them. None when this vLLM does not report them.
+    """
+    stats = getattr(out, "metrics", None)
+    queued = getattr(stats, "queued_ts", 0.0)
+    scheduled = getattr(stats, "scheduled_ts", 0.0)
+    first = getattr(stats, "first_token_ts", 0.0)
+    if not (queued and scheduled and first):
+        return None
+    return {
+        Stage.ENGINE_IN: elapsed_ms(started, queued),
+        Stage.QUEUE: elapsed_ms(queued, scheduled),
+        Stage.PREFILL: elapsed_ms(scheduled, first),
+        Stage.ENGINE_OUT: elapsed_ms(first, now),
+    }
+
+
 class VLLMEngine(Engine):
     """vLLM's AsyncLLM built from a resolved profile."""
 
@@ -130,9 +153,11 @@ class VLLMEngine(Engine):
         )
         prompt = TokensPrompt(prompt_token_ids=request.prompt_token_ids)
         completion_tokens = 0
+        started = time.monotonic()
         try:
             async for out in self.llm.generate(prompt, params, request.request_id):
                 delta = out.outputs[0]
+                first = completion_tokens == 0 and len(delta.token_ids) > 0
                 completion_tokens += len(delta.token_ids)
                 yield StreamChunk(
                     text=delta.text,
@@ -140,6 +165,7 @@ class VLLMEngine(Engine):
                     completion_tokens=completion_tokens,
                     prompt_tokens=len(request.prompt_token_ids),
                     finish_reason=delta.finish_reason if out.finished else None,
+                    stages=engine_stages(out, started, time.monotonic()) if first else None,
                 )
         except VLLMEngineDeadError as e:
             # Re-raised as our type so callers need not import vLLM; the replica is unhealthy now.

@@ -61,6 +61,16 @@ from serve_app.routing.slo import (
     parse_route_policy,
     parse_slo,
 )
+from serve_app.timing import (
+    ENGINE_STAGES,
+    PROXY_START_HEADER,
+    SERVER_TIMING_HEADER,
+    TTFT,
+    Stage,
+    elapsed_ms,
+    format_server_timing,
+    proxy_ms,
+)
 
 logger = logging.getLogger("ray.serve")
 
@@ -71,6 +81,7 @@ PARSED_HEADERS = "route_headers"
 # When the ingress first saw the request (request.state): its TTFT, measured and learned from,
 # includes the time spent queued in the ingress, parsing and tokenizing, not only the pool's.
 ARRIVED = "arrived"
+PROXY_MS = "proxy_ms"  # the request's time in Serve's proxy, when the proxy stamped it
 
 BOARD_TIMEOUT_S = 1.0  # a board call slower than this is abandoned (routing goes on without it)
 
@@ -93,6 +104,9 @@ class IngressConfig(BaseModel):
     default_max_tokens: int
     limits: LimitsConfig = LimitsConfig()
     auth: AuthConfig = AuthConfig()
+    # Where each first token's time goes (serve_app/timing.py): the Server-Timing header, the
+    # stream's final usage event and the per-stage histograms.
+    server_timing: bool = True
 
 
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
@@ -137,17 +151,44 @@ class _Routed:
     slo: SLO
     load: Load
     prompt_tokens: int
-    started: float
+    started: float  # perf_counter: the ingress saw the request
     predicted_ttft_ms: float
+    tokenized: float  # perf_counter: its prompt was tokens
+    decided: float  # perf_counter: routed
+    proxy_ms: float | None = None
+    # ms per stage of the first token's way (serve_app/timing.py); None when not timed
+    stages: dict[str, float] | None = None
+    first_at: float = 0.0  # perf_counter: the first chunk reached the ingress
 
     @property
     def headers(self) -> dict[str, str]:
-        return {
+        headers = {
             "x-serve-pool": self.pool,
             "x-route-reason": self.reason,
             "x-request-id": self.request_id,
             "x-route-predicted-ttft-ms": f"{self.predicted_ttft_ms:.1f}",
         }
+        if self.stages is not None:
+            headers[SERVER_TIMING_HEADER] = format_server_timing(self.stages)
+        return headers
+
+    def first_chunk(self, chunk: StreamChunk, now: float) -> None:
+        """The first chunk arrived (perf_counter `now`): the stages of its way, when timed."""
+        self.first_at = now
+        if self.stages is None:
+            return
+        stages = self.stages
+        if self.proxy_ms is not None:
+            stages[Stage.PROXY] = self.proxy_ms
+        stages[Stage.INGRESS] = elapsed_ms(self.started, self.tokenized)
+        stages[Stage.ROUTE] = elapsed_ms(self.tokenized, self.decided)
+        remote = chunk.stages or {}
+        for stage in (Stage.DISPATCH, *ENGINE_STAGES):
+            if stage in remote:
+                stages[stage] = remote[stage]
+        if chunk.sent_at:
+            stages[Stage.RETURN] = elapsed_ms(chunk.sent_at, time.time())
+        stages[TTFT] = elapsed_ms(self.started, now)
 
 
 # Helpers the routes call stand above the class: @serve.ingress freezes a pickled copy of the
@@ -191,7 +232,9 @@ class Ingress:
             config.routing,
             {name: p.step_tokens for name, p in config.pools.items()},
         )
-        self._metrics = IngressMetrics()
+        self._metrics = IngressMetrics(
+            frozenset(config.routing.classes), config.routing.default_class
+        )
         app.state.metrics = self._metrics
         guard = Guard(config.limits, config.auth)
         app.state.guard = guard
@@ -358,6 +401,7 @@ class Ingress:
         state = scope.setdefault("state", {})
         state[ARRIVED] = time.perf_counter()
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        state[PROXY_MS] = proxy_ms(headers.get(PROXY_START_HEADER), time.time())
         try:
             parsed = self._parse_route_headers(headers)
         except SLOHeaderError:
@@ -403,6 +447,7 @@ class Ingress:
         return slo, policy, policy_arg
 
     def _route(self, ids: list[int], max_tokens: int, request: Request) -> _Routed:
+        tokenized = time.perf_counter()
         parsed: _RouteHeaders | None = getattr(request.state, PARSED_HEADERS, None)
         if parsed is None:
             try:
@@ -422,8 +467,12 @@ class Ingress:
             slo=slo,
             load=self._router.load_of(decision.pool),
             prompt_tokens=len(ids),
-            started=getattr(request.state, ARRIVED, None) or time.perf_counter(),
+            started=getattr(request.state, ARRIVED, None) or tokenized,
             predicted_ttft_ms=decision.predicted.ttft_ms,
+            tokenized=tokenized,
+            decided=time.perf_counter(),
+            proxy_ms=getattr(request.state, PROXY_MS, None),
+            stages={} if self._config.server_timing else None,
         )
         request.state.routed = routed
         return routed
@@ -449,6 +498,7 @@ class Ingress:
                 seed=body.seed,
                 stop=body.stop_sequences(),
                 ignore_eos=body.ignore_eos,
+                sent_at=time.time() if self._config.server_timing else 0.0,
             )
             self._router.dispatched(routed.pool, routed.prompt_tokens)
             stream = cast(
@@ -501,6 +551,8 @@ class Ingress:
             last.prompt_tokens,
             last.completion_tokens,
         )
+        if routed.stages is not None:
+            routed.stages["total"] = elapsed_ms(routed.started, time.perf_counter())
         return JSONResponse(payload, headers=routed.headers)
 
     async def _track(
@@ -517,6 +569,9 @@ class Ingress:
                         self._lag_ms[routed.pool] = lag_ms
                 if first_at is None:
                     first_at = time.perf_counter()
+                    routed.first_chunk(chunk, first_at)
+                    if routed.stages is not None:
+                        self._metrics.stages(routed.pool, routed.slo.slo_class, routed.stages)
                     self._router.first_token(routed.pool, routed.prompt_tokens)
                     ttft_ms = (first_at - routed.started) * 1e3
                     # learn at once: in a burst, completions come too late to correct admission
@@ -573,6 +628,10 @@ class Ingress:
         last = first
         try:
             yield fmt.chunk_event(kind, rid, created, model, first.text, first.finish_reason, True)
+            if routed.stages is not None:  # the first bytes are with the HTTP server now
+                emit_ms = elapsed_ms(routed.first_at, time.perf_counter())
+                routed.stages[Stage.EMIT] = emit_ms
+                self._metrics.stages(routed.pool, routed.slo.slo_class, {Stage.EMIT: emit_ms})
             async for chunk in rest:
                 last = chunk
                 yield fmt.chunk_event(
@@ -588,6 +647,12 @@ class Ingress:
             await rest.aclose()  # client gone (this generator closed): abort the engine now
         if include_usage:
             yield fmt.usage_event(
-                kind, rid, created, model, last.prompt_tokens, last.completion_tokens
+                kind,
+                rid,
+                created,
+                model,
+                last.prompt_tokens,
+                last.completion_tokens,
+                routed.stages,
             )
         yield fmt.DONE

@@ -88,7 +88,16 @@ def chunk_event(
 
 
 def usage_event(
-    kind: Kind, request_id: str, created: int, model: str, prompt_tokens: int, completion: int
+    kind: Kind,
+    request_id: str,
+    created: int,
+    model: str,
+    prompt_tokens: int,
+    completion: int,
+    server_timing: dict[str, float] | None = None,
 ) -> bytes:
-    final = usage(prompt_tokens, completion)
+    """The stream's usage; with the first token's breakdown (ms per stage) as an extension."""
+    final: dict[str, Any] = usage(prompt_tokens, completion)
+    if server_timing is not None:
+        final["server_timing"] = {name: round(ms, 3) for name, ms in server_timing.items()}
     return _stream_event(kind, request_id, created, model, choices=[], usage=final)

@@ -28,6 +28,7 @@ class Panel:
     queries: tuple[Query, ...]
     description: str = ""
     width: int = 12
+    stacked: bool = False
 
 
 def _rate(metric: str, by: str, selector: str = "") -> str:
@@ -134,7 +135,39 @@ PANELS: tuple[Panel, ...] = (
 )
 
 
+STAGE = "ray_serve_app_ttft_stage_ms"
+
+
+def _stage_quantile(q: float) -> Query:
+    expr = f"histogram_quantile({q}, sum by (le, pool, stage) (rate({STAGE}_bucket[{RATE}])))"
+    return Query(expr, "{{pool}} {{stage}}")
+
+
+# A row of its own: where each first token's time goes, stage by stage (serve_app/timing.py).
+TTFT_ROW = "Where TTFT goes"
+STAGE_PANELS: tuple[Panel, ...] = (
+    Panel(
+        "TTFT stages p50 by pool (stacked)",
+        "ms",
+        (_stage_quantile(0.5),),
+        "Median time of each stage of the first token's way: proxy, ingress (parse and "
+        "tokenize), route, dispatch, engine_in, queue, prefill, engine_out, return, emit. "
+        "Stacked, the stages of one pool add up to about its TTFT.",
+        stacked=True,
+    ),
+    Panel(
+        "TTFT stages p99 by pool (stacked)",
+        "ms",
+        (_stage_quantile(0.99),),
+        "99th percentile of each stage (quantiles of stages do not add up exactly; the stack "
+        "shows which stage dominates the tail).",
+        stacked=True,
+    ),
+)
+
+
 def _panel_json(panel: Panel, panel_id: int, x: int, y: int) -> dict[str, Any]:
+    custom = {"stacking": {"mode": "normal", "group": "A"}, "fillOpacity": 60}
     return {
         "id": panel_id,
         "type": "timeseries",
@@ -142,7 +175,10 @@ def _panel_json(panel: Panel, panel_id: int, x: int, y: int) -> dict[str, Any]:
         "description": panel.description,
         "datasource": {"type": "prometheus", "uid": f"${{{DATASOURCE_VAR}}}"},
         "gridPos": {"h": 8, "w": panel.width, "x": x, "y": y},
-        "fieldConfig": {"defaults": {"unit": panel.unit}, "overrides": []},
+        "fieldConfig": {
+            "defaults": {"unit": panel.unit, **({"custom": custom} if panel.stacked else {})},
+            "overrides": [],
+        },
         "options": {"legend": {"displayMode": "table", "placement": "bottom"}},
         "targets": [
             {
@@ -156,14 +192,33 @@ def _panel_json(panel: Panel, panel_id: int, x: int, y: int) -> dict[str, Any]:
     }
 
 
-def build_dashboard() -> dict[str, Any]:
-    panels = []
-    x = y = 0
-    for i, panel in enumerate(PANELS, start=1):
+def _row_json(title: str, panel_id: int, y: int) -> dict[str, Any]:
+    return {
+        "id": panel_id,
+        "type": "row",
+        "title": title,
+        "collapsed": False,
+        "gridPos": {"h": 1, "w": 24, "x": 0, "y": y},
+        "panels": [],
+    }
+
+
+def _grid(panels: tuple[Panel, ...], out: list[dict[str, Any]], y: int) -> int:
+    """Append the panels laid out left to right from height y; returns the y below them."""
+    x = 0
+    for panel in panels:
         if x + panel.width > 24:
             x, y = 0, y + 8
-        panels.append(_panel_json(panel, i, x, y))
+        out.append(_panel_json(panel, len(out) + 1, x, y))
         x += panel.width
+    return y + 8
+
+
+def build_dashboard() -> dict[str, Any]:
+    panels: list[dict[str, Any]] = []
+    y = _grid(PANELS, panels, 0)
+    panels.append(_row_json(TTFT_ROW, len(panels) + 1, y))
+    _grid(STAGE_PANELS, panels, y + 1)
     return {
         "uid": DASHBOARD_UID,
         "title": "serve-app: SLO routing and goodput",
@@ -195,4 +250,4 @@ def dashboard_json() -> str:
 
 def panel_queries() -> list[tuple[str, str]]:
     """(panel title, PromQL) for every query of every panel."""
-    return [(p.title, q.expr) for p in PANELS for q in p.queries]
+    return [(p.title, q.expr) for p in PANELS + STAGE_PANELS for q in p.queries]

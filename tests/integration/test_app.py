@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
+from serve_app.timing import Stage, parse_server_timing
 from tests.integration.conftest import AppServer, stream_then_leave
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -117,10 +118,33 @@ def test_stream_deltas_equal_the_non_streamed_text(app_server: AppServer) -> Non
             events = sse_events(r)
     assert events[-1] == {"done": True}
     usage = events[-2]
+    timing = usage["usage"].pop("server_timing")
     assert usage["choices"] == [] and usage["usage"] == full["usage"]
+    assert timing["emit"] >= 0 and timing["ttft"] > 0
     chunks = events[:-2]
     assert "".join(e["choices"][0]["text"] for e in chunks) == full["choices"][0]["text"]
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_every_response_says_where_its_first_token_went(app_server: AppServer) -> None:
+    """Server-Timing on the real stack: Serve's proxy (stamped by the proxy hook), the ingress,
+    the Ray hops and vLLM's own timestamps; the stages add up to the measured TTFT."""
+    request = {"model": MODEL, "prompt": "Where does time go?", "max_tokens": 8}
+    with app_server.client() as c:
+        full = c.post("/v1/completions", json=request)
+        with c.stream("POST", "/v1/completions", json={**request, "stream": True}) as r:
+            streamed = r.headers["server-timing"]
+            sse_events(r)
+    assert full.status_code == 200
+    for header in (full.headers["server-timing"], streamed):
+        timing = parse_server_timing(header)
+        stages = [s.value for s in Stage if s is not Stage.EMIT]
+        assert [name for name in timing if name in stages] == stages, header
+        between = sum(timing[s] for s in stages if s != Stage.PROXY)
+        # the stages between the ingress's arrival and the first chunk tile the TTFT
+        assert abs(between - timing["ttft"]) <= 0.05 * timing["ttft"] + 2.0, header
+        assert timing["prefill"] > 0, header
+    assert parse_server_timing(full.headers["server-timing"])["total"] >= timing["ttft"]
 
 
 def test_stop_sequence_truncates(app_server: AppServer) -> None:

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from serve_app.observability.dashboard import RATE, panel_queries
+from serve_app.timing import Stage
 from tests.integration.conftest import AppServer, free_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -108,3 +109,14 @@ def test_every_dashboard_query_returns_data(app_server: AppServer, prometheus: s
     assert not empty, f"panel queries with no data: {empty}"
     served = query(prometheus, 'sum(ray_serve_app_requests_total{outcome="served"})')
     assert float(served[0]["value"][1]) >= 48
+    # every stage of the TTFT breakdown was measured, the engine's from vLLM's timestamps
+    stages = query(prometheus, "count by (stage) (ray_serve_app_ttft_stage_ms_count)")
+    assert {s["metric"]["stage"] for s in stages} == {s.value for s in Stage}
+    # the refused request of an unknown class is labelled `other`, not by what the client sent
+    classes = query(prometheus, "count by (slo_class) (ray_serve_app_requests_total)")
+    assert {c["metric"]["slo_class"] for c in classes} == {
+        "interactive",
+        "standard",
+        "batch",
+        "other",
+    }

@@ -1,5 +1,6 @@
 """The replica's own logic (latency bookkeeping, stats, health) with a scripted engine."""
 
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -13,6 +14,7 @@ from serve_app.engine.protocol import (
 )
 from serve_app.engine.replica import EngineReplica
 from serve_app.profiles import EngineArgs, EngineProfile, Platform, ResolvedProfile
+from serve_app.timing import Stage
 
 PROFILE = EngineProfile(
     name="p", model="m", engine=EngineArgs(max_model_len=1024, kv_cache_memory_bytes=1 << 28)
@@ -67,6 +69,17 @@ async def test_streams_and_records_latencies() -> None:
     assert report.pool == "p" and report.max_model_len == 1024
     assert len(report.ttft_ms_recent) == 1 and len(report.tpot_ms_recent) == 1
     assert report.stats.waiting == 3
+
+
+async def test_first_chunk_carries_the_dispatch_stage_when_timed() -> None:
+    replica, _ = await make_replica()
+    sent = time.time() - 0.05  # the ingress dispatched it 50 ms ago
+    chunks = [c async for c in replica.generate(GenerationRequest("r", [1], 3, sent_at=sent))]
+    assert chunks[0].stages is not None
+    assert 50 <= chunks[0].stages[Stage.DISPATCH] < 5_000
+    assert [c.stages for c in chunks[1:]] == [None, None]
+    untimed = [c async for c in replica.generate(GenerationRequest("q", [1], 2))]
+    assert [c.stages for c in untimed] == [None, None]
 
 
 async def test_autoscaling_stats_expose_the_engine_queue() -> None:

@@ -39,7 +39,24 @@ def test_panels_use_the_datasource_variable() -> None:
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
     for panel in dashboard["panels"]:
+        if panel["type"] == "row":
+            continue
         assert panel["datasource"]["uid"] == "${datasource}"
         for target in panel["targets"]:
             assert target["expr"]
     json.dumps(dashboard)
+
+
+def test_a_row_shows_where_ttft_goes_stacked_by_stage() -> None:
+    panels = build_dashboard()["panels"]
+    row = next(i for i, p in enumerate(panels) if p["type"] == "row")
+    assert panels[row]["title"] == "Where TTFT goes"
+    below = panels[row + 1 :]
+    assert [p["title"] for p in below] == [
+        "TTFT stages p50 by pool (stacked)",
+        "TTFT stages p99 by pool (stacked)",
+    ]
+    for panel in below:
+        assert panel["gridPos"]["y"] > panels[row]["gridPos"]["y"]
+        assert panel["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"
+        assert "by (le, pool, stage)" in panel["targets"][0]["expr"]

@@ -1,0 +1,71 @@
+"""The ingress's side of the TTFT breakdown: its own stages, the replica's, the header."""
+
+import time
+
+import pytest
+
+from serve_app.engine.protocol import StreamChunk
+from serve_app.ingress.api import _Routed
+from serve_app.routing.estimator import Load
+from serve_app.routing.slo import SLO
+from serve_app.timing import Stage, parse_server_timing
+
+
+def routed(stages: dict[str, float] | None, proxy: float | None = 0.4) -> _Routed:
+    return _Routed(
+        request_id="cmpl-1",
+        pool="low-latency",
+        reason="slo",
+        slo=SLO("interactive"),
+        load=Load(0, 0, 0),
+        prompt_tokens=10,
+        started=100.0,
+        predicted_ttft_ms=20.0,
+        tokenized=100.003,
+        decided=100.0035,
+        proxy_ms=proxy,
+        stages=stages,
+    )
+
+
+def test_first_chunk_assembles_every_stage_in_order() -> None:
+    r = routed({})
+    remote = {
+        Stage.DISPATCH: 0.7,
+        Stage.ENGINE_IN: 0.2,
+        Stage.QUEUE: 3.0,
+        Stage.PREFILL: 9.0,
+        Stage.ENGINE_OUT: 0.3,
+    }
+    chunk = StreamChunk("a", 1, 1, 10, sent_at=time.time() - 0.001, stages=remote)
+    r.first_chunk(chunk, now=100.020)
+    timing = parse_server_timing(r.headers["server-timing"])
+    assert list(timing) == [
+        "proxy",
+        "ingress",
+        "route",
+        "dispatch",
+        "engine_in",
+        "queue",
+        "prefill",
+        "engine_out",
+        "return",
+        "ttft",
+    ]
+    assert timing["ingress"] == pytest.approx(3.0, abs=0.01)
+    assert timing["route"] == pytest.approx(0.5, abs=0.01)
+    assert timing["queue"] == 3.0
+    assert 1.0 <= timing["return"] < 1000
+    assert timing["ttft"] == pytest.approx(20.0, abs=0.01)
+
+
+def test_untimed_requests_carry_no_header() -> None:
+    r = routed(None)
+    r.first_chunk(StreamChunk("a", 1, 1, 10, stages={Stage.QUEUE: 1.0}), now=100.02)
+    assert "server-timing" not in r.headers
+
+
+def test_engine_without_timestamps_still_gives_the_ingress_stages() -> None:
+    r = routed({}, proxy=None)
+    r.first_chunk(StreamChunk("a", 1, 1, 10), now=100.02)
+    assert list(parse_server_timing(r.headers["server-timing"])) == ["ingress", "route", "ttft"]
