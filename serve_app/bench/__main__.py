@@ -14,6 +14,7 @@ import argparse
 import asyncio
 from pathlib import Path
 
+from serve_app.bench import stages
 from serve_app.bench.report import markdown_table, ratio_table, write_outputs
 from serve_app.bench.runner import run_targets, workloads_for
 from serve_app.bench.targets import make_target
@@ -40,10 +41,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     table = markdown_table(rows)
     ratios = ratio_table(rows, targets[0].name) if args.command == "compare" else ""
-    print("\n" + table + ("\n\n" + ratios if ratios else ""))
+    where = stages.table(rows)
+    extra = "".join(f"\n{part}\n" for part in (ratios, where) if part)
+    print("\n" + table + "\n" + extra)
     if args.out:
         stem = args.name or f"{args.command}-{workload.name}"
-        write_outputs(rows, args.out, stem, "\n" + ratios + "\n" if ratios else "")
+        write_outputs(rows, args.out, stem, extra)
         print(f"\nwrote {args.out / stem}.json/.md/.png")
     return 0
 

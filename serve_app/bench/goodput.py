@@ -30,9 +30,11 @@ from typing import Any
 
 import aiohttp
 
+from serve_app.bench import stages
 from serve_app.bench.memory import MemoryProbe
 from serve_app.bench.report import save_figure
-from serve_app.bench.runner import RunResult, met_slo, percentiles, run_workload
+from serve_app.bench.runner import RunResult, met_slo, run_workload
+from serve_app.bench.stats import percentiles
 from serve_app.bench.targets import HTTPTarget, Sample
 from serve_app.bench.workload import Arrival, Workload, load_workload
 
@@ -103,6 +105,12 @@ def record(
         "ttft_ms": percentiles([s.ttft_ms for s in ok if s.ttft_ms is not None]),
         "tpot_ms": percentiles([t for s in ok if (t := s.tpot_ms) is not None]),
         "calibration": calibration(samples),
+        # per pool: where the first token's time went (the app's Server-Timing stages)
+        "ttft_stages": {
+            pool: b
+            for pool in sorted({s.pool for s in ok if s.pool})
+            if (b := stages.breakdown(s for s in ok if s.pool == pool)) is not None
+        },
         "slo_classes": {c: v.model_dump() for c, v in workload.slo_classes.items()},
     }
 
@@ -305,8 +313,24 @@ def summarize(records: list[dict[str, Any]]) -> str:
                 f"{c['median_abs_error_ms']:.1f} | {c['median_observed_over_predicted']:.2f} | "
                 f"{c['p90_observed_over_predicted']:.2f} |"
             )
-    lines += ["", goals(records)]
+    lines += ["", _stage_shares(records), "", goals(records)]
     return "\n".join(lines) + "\n"
+
+
+def _stage_shares(records: list[dict[str, Any]]) -> str:
+    """Where the SLO policy's first tokens' time went, per rate and pool (first repeat)."""
+    rows = [
+        {"target": f"{r['policy']} @ {pool}", "rate": f"{r['multiple']:g}×", "ttft_stages": b}
+        for r in records
+        if r["policy"].startswith("slo") and r["repeat"] == 0
+        for pool, b in r.get("ttft_stages", {}).items()
+    ]
+    if not rows:
+        return ""
+    return (
+        "Where the SLO policy's first tokens' time went (mean ms per stage, share of client "
+        "TTFT; first repeat):\n\n" + stages.table(rows)
+    )
 
 
 def _median_ms(rows: list[dict[str, Any]], q: str) -> str:

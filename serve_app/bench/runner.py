@@ -9,7 +9,9 @@ from typing import Any
 
 from tqdm import tqdm
 
+from serve_app.bench import stages
 from serve_app.bench.memory import MemoryProbe
+from serve_app.bench.stats import percentiles
 from serve_app.bench.targets import Sample, Target
 from serve_app.bench.workload import Arrival, RequestSpec, Workload, expand
 
@@ -105,17 +107,6 @@ async def run_workload(
     return RunResult(target.name, workload, samples, wall_s, probe.peak_gib, specs[-1].arrival_s)
 
 
-def percentiles(values: list[float]) -> dict[str, float | None]:
-    if not values:
-        return {"p50": None, "p90": None, "p99": None}
-    ordered = sorted(values)
-
-    def at(q: float) -> float:
-        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-    return {"p50": at(0.5), "p90": at(0.9), "p99": at(0.99)}
-
-
 def met_slo(sample: Sample, workload: Workload) -> bool:
     if not sample.ok:
         return False
@@ -155,6 +146,7 @@ def summarize(result: RunResult) -> dict[str, Any]:
         "slo_attainment": attainment,
         "peak_mem_gib": result.peak_mem_gib,
         "wall_s": result.wall_s,
+        "ttft_stages": stages.breakdown(result.samples),
     }
 
 

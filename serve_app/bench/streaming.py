@@ -301,6 +301,7 @@ def run_harness(
 ) -> None:
     """The bench's own client (serve_app.bench) against the bare engine, in this process, and
     every server: the same workload, the same request timing, at each concurrency in turn."""
+    from serve_app.bench import stages
     from serve_app.bench.report import markdown_table, ratio_table, write_outputs
     from serve_app.bench.runner import run_targets, workloads_for
     from serve_app.bench.targets import EngineTarget, HTTPTarget, Target
@@ -324,8 +325,10 @@ def run_harness(
     rows = asyncio.run(run_targets(targets, [warm, *workloads_for(base, concurrency, None)], 1))
     rows = rows[len(targets) :]
     ratios = ratio_table(rows, "bare engine")
-    write_outputs(rows, out, "harness", "\n" + ratios + "\n")
-    print(markdown_table(rows) + "\n\n" + ratios, flush=True)
+    where = "Where the app's first tokens' time went (mean ms, share of client TTFT):\n\n"
+    where += stages.table(rows)
+    write_outputs(rows, out, "harness", "\n" + ratios + "\n\n" + where + "\n")
+    print(markdown_table(rows) + "\n\n" + ratios + "\n\n" + where, flush=True)
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

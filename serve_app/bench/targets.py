@@ -29,6 +29,7 @@ from serve_app.profiles import (
     profiles_dir,
 )
 from serve_app.routing.config import SLOClass
+from serve_app.timing import SERVER_TIMING_HEADER, parse_server_timing
 
 
 @dataclass
@@ -45,6 +46,7 @@ class Sample:
     status: int | None = None  # HTTP status (HTTP targets)
     pool: str | None = None  # x-serve-pool: the pool that served it (the app)
     predicted_ttft_ms: float | None = None  # x-route-predicted-ttft-ms (the app)
+    stages: dict[str, float] | None = None  # the app's TTFT stages, ms (serve_app/timing.py)
 
     @property
     def tpot_ms(self) -> float | None:
@@ -190,6 +192,8 @@ class HTTPTarget:
                 sample.pool = r.headers.get("x-serve-pool")
                 if predicted := r.headers.get("x-route-predicted-ttft-ms"):
                     sample.predicted_ttft_ms = float(predicted)
+                if timing := r.headers.get(SERVER_TIMING_HEADER):
+                    sample.stages = parse_server_timing(timing)
                 if r.status != 200:
                     sample.error = f"HTTP {r.status}"
                     await r.read()
@@ -200,8 +204,10 @@ class HTTPTarget:
                     if not line.startswith(b"data: ") or line == b"data: [DONE]":
                         continue
                     event = json.loads(line[6:])
-                    if event.get("usage"):
-                        sample.output_tokens = event["usage"]["completion_tokens"]
+                    if usage := event.get("usage"):
+                        sample.output_tokens = usage["completion_tokens"]
+                        if "server_timing" in usage:  # the whole breakdown, emit included
+                            sample.stages = usage["server_timing"]
                     # a chunk is a token arrival even when its text is empty (a token that
                     # decodes to nothing yet, e.g. part of a multi-byte character)
                     if event.get("choices"):

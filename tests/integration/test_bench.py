@@ -51,6 +51,14 @@ def test_harness_measures_the_app(app_server: AppServer, tmp_path: Path) -> None
     assert row["peak_mem_gib"] and row["peak_mem_gib"] > 0.1  # the app's engine processes
     assert (tmp_path / "run-tiny.png").stat().st_size > 1000
     assert "| app:" in (tmp_path / "run-tiny.md").read_text()
+    # every served request's TTFT breakdown, from the app's Server-Timing, shares adding to 1
+    where = row["ttft_stages"]
+    assert where["n"] == 12
+    assert {"ingress", "dispatch", "queue", "prefill", "return", "emit", "outside"} <= set(
+        where["stages"]
+    )
+    assert sum(s["share"] for s in where["stages"].values()) == pytest.approx(1.0, abs=0.05)
+    assert where["predicted_ttft_ms"]["p50"] > 0
 
 
 def test_vllm_bench_serve_runs_against_the_app(app_server: AppServer, tmp_path: Path) -> None:
