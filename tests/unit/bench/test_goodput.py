@@ -102,3 +102,13 @@ def test_goals_are_checked_against_every_repeat() -> None:
     assert "min ratio 1.11 → met" in text  # 10 / 9 at the knee
     report = summarize(records)  # type: ignore[arg-type]
     assert "| slo | 2 | 20.00 | 2 | 8.75 (8.00–9.50) |" in report
+
+
+def test_records_say_where_each_pool_s_first_tokens_went() -> None:
+    timed = [sample(i, "interactive", 60.0, pool=("a", "b")[i % 2]) for i in range(4)]
+    for s in timed:
+        s.stages = {"queue": 20.0, "prefill": 30.0, "ttft": 55.0}
+    row = record(result([*timed, sample(9, "standard", None, 429)]), "slo", 2.0, 0, "m")
+    assert set(row["ttft_stages"]) == {"a", "b"}
+    assert row["ttft_stages"]["a"]["stages"]["queue"]["share"] == 20.0 / 60.0
+    assert "slo @ a | 2×" in summarize([row])
