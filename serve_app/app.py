@@ -55,6 +55,11 @@ class AppArgs(BaseModel):
     routing: RoutingConfig = Field(default_factory=RoutingConfig, description="SLO routing.")
     limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Request limits.")
     auth: AuthConfig = Field(default_factory=AuthConfig, description="Where API keys come from.")
+    server_timing: bool = Field(
+        True,
+        description="Report where each first token's time goes (Server-Timing header, the "
+        "stream's final usage, per-stage histograms).",
+    )
     graceful_shutdown_timeout_s: float = Field(
         GRACEFUL_SHUTDOWN_TIMEOUT_S,
         ge=0,
@@ -173,6 +178,7 @@ def build_app(raw_args: dict[str, Any]) -> Application:
         default_max_tokens=args.default_max_tokens,
         limits=args.limits,
         auth=args.auth,
+        server_timing=args.server_timing,
     )
     return (
         cast(Deployment, Ingress)

@@ -78,10 +78,13 @@ def _bench_profile(profile_path: Path, out_dir: Path) -> Path:
     return path
 
 
-def _app_config(profile: str, profiles: Path, port: int) -> dict[str, Any]:
+def _app_config(
+    profile: str, profiles: Path, port: int, server_timing: bool = True
+) -> dict[str, Any]:
     config: dict[str, Any] = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     config["http_options"]["port"] = port
     args = config["applications"][0]["args"]
+    args["server_timing"] = server_timing
     args["profiles"] = [profile]
     args["profiles_dir"] = str(profiles)
     args["routing"]["default_class"] = "batch"
@@ -133,6 +136,7 @@ def servers(
     vllm_args: list[str],
     haproxy: bool = False,
     direct_ingress: bool = False,
+    server_timing: bool = True,
 ) -> Iterator[tuple[list[Server], ResolvedProfile]]:
     """`vllm serve` and the app, ready; both stopped on exit. With haproxy the app runs behind
     HAProxy (`serve-app run --haproxy`) and Serve's fallback proxy is a target too; with
@@ -153,7 +157,8 @@ def servers(
         *vllm_serve_flags(profile), *vllm_args,
     ]  # fmt: skip
     config_path = profiles / "serve_config.yaml"
-    config_path.write_text(yaml.safe_dump(_app_config(profile.name, profiles, app_port)))
+    app_config = _app_config(profile.name, profiles, app_port, server_timing)
+    config_path.write_text(yaml.safe_dump(app_config))
     app_cmd = [
         sys.executable, "-m", "serve_app", "run", str(config_path), "--port", str(app_port),
         "--dashboard-port", str(dashboard_port), "--metrics-port", str(metrics_port),
@@ -465,6 +470,11 @@ def main(argv: list[str] | None = None) -> int:
         "the same app without the proxy hop",
     )
     parser.add_argument(
+        "--no-server-timing",
+        action="store_true",
+        help="the app without its TTFT breakdown (to measure what the breakdown costs)",
+    )
+    parser.add_argument(
         "--harness",
         type=Path,
         help="then also run this workload with serve_app.bench's own client against the bare "
@@ -506,6 +516,7 @@ def main(argv: list[str] | None = None) -> int:
         args.vllm_arg,
         args.haproxy,
         args.direct_ingress,
+        not args.no_server_timing,
     ) as (targets, profile):
         from serve_app.engine.builtin_model import resolve_model
 
