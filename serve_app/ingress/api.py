@@ -190,6 +190,17 @@ class _Routed:
             stages[Stage.RETURN] = elapsed_ms(chunk.sent_at, time.time())
         stages[TTFT] = elapsed_ms(self.started, now)
 
+    def learned_ttft(self) -> tuple[float, float | None]:
+        """What routing learns from: the TTFT since the proxy received the request (where it
+        said when), and the part of it outside the engine's queue and prefill (when the engine
+        said how long those took)."""
+        ttft_ms = elapsed_ms(self.started, self.first_at)
+        stages = self.stages or {}
+        ttft_ms += stages.get(Stage.PROXY, 0.0)
+        if Stage.QUEUE in stages and Stage.PREFILL in stages:
+            return ttft_ms, max(0.0, ttft_ms - stages[Stage.QUEUE] - stages[Stage.PREFILL])
+        return ttft_ms, None
+
 
 # Helpers the routes call stand above the class: @serve.ingress freezes a pickled copy of the
 # FastAPI app when the class is decorated, and with it the globals its routes see then.
@@ -329,6 +340,7 @@ class Ingress:
                 "max_model_len": view.max_model_len,
                 "ttft_factor": ttft_factor,
                 "tpot_factor": tpot_factor,
+                "path_ms": view.model.path(now),
                 "ttft_ms_recent_p50": snap.ttft_ms_recent_p50,
                 "tpot_ms_recent_p50": snap.tpot_ms_recent_p50,
                 "updated_at": snap.updated_at,
@@ -573,10 +585,10 @@ class Ingress:
                     if routed.stages is not None:
                         self._metrics.stages(routed.pool, routed.slo.slo_class, routed.stages)
                     self._router.first_token(routed.pool, routed.prompt_tokens)
-                    ttft_ms = (first_at - routed.started) * 1e3
+                    ttft_ms, path_ms = routed.learned_ttft()
                     # learn at once: in a burst, completions come too late to correct admission
                     self._router.learn(
-                        routed.pool, routed.prompt_tokens, routed.load, ttft_ms, None
+                        routed.pool, routed.prompt_tokens, routed.load, ttft_ms, None, None, path_ms
                     )
                 last = chunk
                 yield chunk

@@ -1,8 +1,10 @@
-"""Latency prediction per pool: prefill-token queueing and decode load, times learned factors.
+"""Latency prediction per pool: the serving path's measured delay, plus prefill-token queueing
+and decode load times learned factors.
 
-    ttft_ms = (ttft_base + ms_per_prefill_token * (queued_tokens + prompt_tokens)
-               + ttft_per_waiting_request * waiting + ttft_per_running_request * running)
-              * ttft_factor
+    ttft_ms = path_ms
+              + (ttft_base + ms_per_prefill_token * (queued_tokens + prompt_tokens)
+                 + ttft_per_waiting_request * waiting + ttft_per_running_request * running)
+                * ttft_factor
     tpot_ms = (tpot_base + tpot_per_running_request * (running + 1)
                + tpot_per_prefill_token * min(queued_tokens, step_tokens)) * tpot_factor
 
@@ -13,9 +15,15 @@ the prior's value until a replica has measured one. Decode steps share each engi
 queued prefill (chunked prefill), up to the step's token budget: that is the TPOT term.
 
 Each request's measured TTFT (at its first token) and TPOT (at its end) move the pool's factor
-towards measured / unscaled prediction by an exponentially weighted average. Without new
-measurements a factor relaxes back to 1 (the prior) with a half-life, so one stall cannot keep a
-pool's predictions high, and its traffic refused, after the stall has passed.
+towards measured / unscaled prediction by an exponentially weighted average. When the request's
+TTFT breakdown is known (serve_app/timing.py), its time outside the engine's queue and prefill
+(Serve's proxy, the ingress, the hops to and from the replica, the engine's input and output
+processing) is learned apart, as `path_ms`, and the factor from the engine's part alone: a
+serving path slowed by load (a proxy or replica event loop at its limit, requests held for a
+replica slot) then shows in every prediction at once, whatever the request's length. Without
+new measurements the factors relax back to 1 (the prior) and the path delay to 0 with a
+half-life, so one stall cannot keep a pool's predictions high, and its traffic refused, after
+the stall has passed.
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ class LatencyModel:
     prior: LatencyPrior
     ttft_factor: float = 1.0
     tpot_factor: float = 1.0
+    path_ms: float = 0.0  # learned time of the serving path outside the engine's queue, prefill
     learned_at: float = 0.0  # when the factors last moved (time.time())
     half_life_s: float = DEFAULT_HALF_LIFE_S
     measured_ms_per_token: float | None = None  # from the replicas' prefill rate
@@ -66,11 +75,18 @@ class LatencyModel:
         ms = 1000.0 / tokens_per_s if tokens_per_s else None
         return self if ms == self.measured_ms_per_token else replace(self, measured_ms_per_token=ms)
 
+    def _keep(self, now: float) -> float:
+        age = max(0.0, now - self.learned_at)
+        return 0.5 ** (age / self.half_life_s) if self.half_life_s > 0 else 1.0
+
     def factors(self, now: float) -> tuple[float, float]:
         """The learned factors as of `now`: relaxed towards 1 by the time since they last moved."""
-        age = max(0.0, now - self.learned_at)
-        keep = 0.5 ** (age / self.half_life_s) if self.half_life_s > 0 else 1.0
+        keep = self._keep(now)
         return 1 + (self.ttft_factor - 1) * keep, 1 + (self.tpot_factor - 1) * keep
+
+    def path(self, now: float) -> float:
+        """The learned path delay as of `now`, relaxed towards 0 like the factors."""
+        return self.path_ms * self._keep(now)
 
     def unscaled(self, prompt_tokens: int, load: Load) -> Prediction:
         """The prediction from the prior (with the measured prefill rate), no learned factor."""
@@ -89,7 +105,7 @@ class LatencyModel:
         """Latency of a new request given the per-replica load."""
         raw = self.unscaled(prompt_tokens, load)
         ttft_factor, tpot_factor = self.factors(now)
-        return Prediction(raw.ttft_ms * ttft_factor, raw.tpot_ms * tpot_factor)
+        return Prediction(self.path(now) + raw.ttft_ms * ttft_factor, raw.tpot_ms * tpot_factor)
 
     def learn(
         self,
@@ -99,15 +115,27 @@ class LatencyModel:
         tpot_ms: float | None,
         rate: float,
         now: float,
+        path_ms: float | None = None,
     ) -> LatencyModel:
-        """The model after one measurement, taken with the load seen when the request was routed."""
+        """The model after one measurement, taken with the load seen when the request was routed.
+
+        `path_ms`: the part of `ttft_ms` spent outside the engine's queue and prefill, when the
+        request's breakdown says; the factor then learns from the rest.
+        """
         raw = self.unscaled(prompt_tokens, load)
         ttft_factor, tpot_factor = self.factors(now)
+        path = self.path(now)
         if ttft_ms is not None and raw.ttft_ms > 0:
-            ttft_factor = _ewma(ttft_factor, ttft_ms / raw.ttft_ms, rate)
+            engine_ms = ttft_ms
+            if path_ms is not None:
+                path = (1 - rate) * path + rate * max(0.0, path_ms)
+                engine_ms = max(0.0, ttft_ms - path_ms)
+            ttft_factor = _ewma(ttft_factor, engine_ms / raw.ttft_ms, rate)
         if tpot_ms is not None and raw.tpot_ms > 0:
             tpot_factor = _ewma(tpot_factor, tpot_ms / raw.tpot_ms, rate)
-        return replace(self, ttft_factor=ttft_factor, tpot_factor=tpot_factor, learned_at=now)
+        return replace(
+            self, ttft_factor=ttft_factor, tpot_factor=tpot_factor, path_ms=path, learned_at=now
+        )
 
 
 def _ewma(old: float, sample: float, rate: float) -> float:

@@ -168,10 +168,11 @@ class Router:
         ttft_ms: float | None,
         tpot_ms: float | None,
         now: float | None = None,
+        path_ms: float | None = None,
     ) -> None:
         now = time.time() if now is None else now
         self._models[pool] = self._models[pool].learn(
-            prompt_tokens, load, ttft_ms, tpot_ms, self._config.learning_rate, now
+            prompt_tokens, load, ttft_ms, tpot_ms, self._config.learning_rate, now, path_ms
         )
 
     def model(self, pool: str) -> LatencyModel:

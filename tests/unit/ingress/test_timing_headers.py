@@ -69,3 +69,15 @@ def test_engine_without_timestamps_still_gives_the_ingress_stages() -> None:
     r = routed({}, proxy=None)
     r.first_chunk(StreamChunk("a", 1, 1, 10), now=100.02)
     assert list(parse_server_timing(r.headers["server-timing"])) == ["ingress", "route", "ttft"]
+
+
+def test_routing_learns_from_the_proxy_on_and_the_path_outside_the_engine() -> None:
+    r = routed({}, proxy=4.0)
+    remote = {Stage.QUEUE: 3.0, Stage.PREFILL: 9.0}
+    r.first_chunk(StreamChunk("a", 1, 1, 10, stages=remote), now=100.020)
+    ttft, path = r.learned_ttft()
+    assert ttft == pytest.approx(24.0, abs=0.01)  # 20 at the ingress + 4 in the proxy
+    assert path == pytest.approx(12.0, abs=0.01)  # all but the engine's 3 + 9
+    untimed = routed(None)
+    untimed.first_chunk(StreamChunk("a", 1, 1, 10, stages=remote), now=100.020)
+    assert untimed.learned_ttft() == (pytest.approx(20.0, abs=0.01), None)

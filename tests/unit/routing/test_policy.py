@@ -397,3 +397,31 @@ def test_learned_factors_relax_to_the_prior_without_measurements() -> None:
     fresh = replace(p, updated_at=NOW + 120)  # the board kept reporting the idle pool
     assert isinstance(decide(req(), SLO("i", ttft_ms=100), [p], CONFIG, NOW), Reject)
     assert isinstance(decide(req(), SLO("i", ttft_ms=100), [fresh], CONFIG, NOW + 120), RouteTo)
+
+
+def test_a_slow_serving_path_is_learned_apart_from_the_engine() -> None:
+    """Requests held up outside the engine (a replica slot, a busy proxy) while the engine's
+    queue and prefill stay fast: the path delay is learned as such, and every prediction of the
+    pool carries it, long prompts and short alike."""
+    model = LatencyModel(FAST, half_life_s=10)
+    raw = model.unscaled(100, Load()).ttft_ms
+    for _ in range(40):  # 300 ms outside the engine, the engine exactly as the prior says
+        model = model.learn(100, Load(), raw + 300, None, rate=0.3, now=NOW, path_ms=300)
+    assert model.path(NOW) == pytest.approx(300, rel=1e-3)
+    assert model.factors(NOW)[0] == pytest.approx(1.0, rel=1e-3)
+    long_raw = model.unscaled(1000, Load()).ttft_ms
+    assert model.predict(1000, Load(), NOW).ttft_ms == pytest.approx(300 + long_raw, rel=1e-3)
+    # so admission refuses what the path alone makes late, and admits again once it recovers
+    slow = replace(LOW, model=model)
+    assert isinstance(decide(req(), SLO("i", ttft_ms=250), [slow], CONFIG, NOW), Reject)
+    assert model.path(NOW + 30) == pytest.approx(300 / 8, rel=1e-3)
+    recovered = replace(slow, updated_at=NOW + 60)
+    assert isinstance(decide(req(), SLO("i", ttft_ms=250), [recovered], CONFIG, NOW + 60), RouteTo)
+
+
+def test_without_a_breakdown_the_factor_learns_the_whole_ttft() -> None:
+    model = LatencyModel(FAST)
+    raw = model.unscaled(100, Load()).ttft_ms
+    for _ in range(40):
+        model = model.learn(100, Load(), raw * 2, None, rate=0.3, now=NOW)
+    assert model.path(NOW) == 0.0 and model.factors(NOW)[0] == pytest.approx(2.0, rel=1e-3)
