@@ -434,6 +434,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--url", default="http://127.0.0.1:8000")
     parser.add_argument("--workload", type=Path, required=True)
+    parser.add_argument(
+        "--report",
+        type=Path,
+        nargs="+",
+        help="run nothing: summarize and plot the records of these JSON files together",
+    )
     parser.add_argument("--capacity", type=float, default=None, help="req/s; probed if omitted")
     parser.add_argument("--probe-concurrency", type=int, default=32)
     parser.add_argument("--probe-s", type=float, default=20)
@@ -455,7 +461,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.interactive:
         ttft, tpot = (float(v) for v in args.interactive.split(","))
         workload = workload.with_targets(KEY_CLASS, ttft, tpot)
-    probe, records = asyncio.run(sweep(args, workload))
+    if args.report:
+        probe: dict[str, Any] | None = None
+        records = [r for path in args.report for r in json.loads(path.read_text())["records"]]
+    else:
+        probe, records = asyncio.run(sweep(args, workload))
     report = summarize(records)
     print("\n" + report)
     if args.out:
