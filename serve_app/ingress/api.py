@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, MutableMapping
+from collections.abc import AsyncGenerator, AsyncIterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -60,6 +60,7 @@ from serve_app.routing.slo import (
     SLOHeaderError,
     parse_route_policy,
     parse_slo,
+    route_headers,
 )
 from serve_app.timing import (
     ENGINE_STAGES,
@@ -82,6 +83,7 @@ PARSED_HEADERS = "route_headers"
 # includes the time spent queued in the ingress, parsing and tokenizing, not only the pool's.
 ARRIVED = "arrived"
 PROXY_MS = "proxy_ms"  # the request's time in Serve's proxy, when the proxy stamped it
+PROXY_START = PROXY_START_HEADER.encode()
 
 BOARD_TIMEOUT_S = 1.0  # a board call slower than this is abandoned (routing goes on without it)
 
@@ -137,6 +139,8 @@ async def _validation_error(request: Request, err: RequestValidationError) -> JS
 @app.exception_handler(StarletteHTTPException)
 async def _http_error(_: Request, err: StarletteHTTPException) -> JSONResponse:
     """Framework errors (unknown path, wrong method) in the same OpenAI shape as ours."""
+    if isinstance(err.__cause__, ServeError):  # raised while FastAPI read the body (its limit)
+        return error_response(err.__cause__)
     kind = NotFound if err.status_code == 404 else BadRequest
     error = kind(str(err.detail)[:200], code=f"http_{err.status_code}")
     error.status_code = err.status_code
@@ -412,10 +416,10 @@ class Ingress:
             return None
         state = scope.setdefault("state", {})
         state[ARRIVED] = time.perf_counter()
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        state[PROXY_MS] = proxy_ms(headers.get(PROXY_START_HEADER), time.time())
+        stamp = next((v for k, v in scope["headers"] if k == PROXY_START), None)
+        state[PROXY_MS] = proxy_ms(stamp.decode("latin-1") if stamp else None, time.time())
         try:
-            parsed = self._parse_route_headers(headers)
+            parsed = self._parse_route_headers(scope["headers"])
         except SLOHeaderError:
             return None  # the full path answers with the parameter named
         state[PARSED_HEADERS] = parsed  # request.state, for _route
@@ -453,7 +457,8 @@ class Ingress:
                 code="model_not_found",
             )
 
-    def _parse_route_headers(self, headers: Mapping[str, str]) -> _RouteHeaders:
+    def _parse_route_headers(self, raw: list[tuple[bytes, bytes]]) -> _RouteHeaders:
+        headers = route_headers(raw)
         slo = parse_slo(headers, self._config.routing)
         policy, policy_arg = parse_route_policy(headers, self._config.routing, self._config.pools)
         return slo, policy, policy_arg
@@ -463,7 +468,7 @@ class Ingress:
         parsed: _RouteHeaders | None = getattr(request.state, PARSED_HEADERS, None)
         if parsed is None:
             try:
-                parsed = self._parse_route_headers(request.headers)
+                parsed = self._parse_route_headers(request.scope["headers"])
             except SLOHeaderError as e:
                 raise BadRequest(str(e), param=e.header) from None
         slo, policy, policy_arg = parsed

@@ -92,7 +92,9 @@ class Guard:
     """The limits and keys in force; `check` is the whole per-request decision.
 
     A key file is read again when it changes (checked at most once a second), so keys rotate
-    without a redeploy; if it disappears, the keys last read stay in force.
+    without a redeploy; if it disappears, becomes unreadable or holds no key (emptied, all
+    comments, half-written), the keys last read stay in force and a warning is logged: once
+    keys are configured, the API never opens.
     """
 
     def __init__(
@@ -127,10 +129,22 @@ class Guard:
             return
         self._checked_at = now
         mtime = self._file_mtime()
-        if mtime is not None and mtime != self._mtime:
-            self._mtime = mtime
-            self._keys = [k.encode() for k in load_api_keys(self._auth, self._environ)]
-            logger.info("API keys reloaded from the key file: %d configured", len(self._keys))
+        if mtime is None or mtime == self._mtime:
+            return
+        self._mtime = mtime
+        try:
+            keys = [k.encode() for k in load_api_keys(self._auth, self._environ)]
+        except (OSError, UnicodeDecodeError) as e:
+            logger.warning("API key file unreadable (%s): the keys last read stay in force", e)
+            return
+        if self._keys and not keys:
+            # An emptied or half-written file must not open the API: keys fail closed.
+            logger.warning(
+                "API key file has no keys now: the %d keys last read stay in force", len(self._keys)
+            )
+            return
+        self._keys = keys
+        logger.info("API keys reloaded from the key file: %d configured", len(self._keys))
 
     def check(self, path: str, headers: list[tuple[bytes, bytes]]) -> ServeError | None:
         self._refresh()

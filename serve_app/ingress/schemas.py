@@ -10,6 +10,16 @@ _MAX_STOP = 4
 _MAX_STOP_CHARS = 256
 
 
+def _text(value: str) -> str:
+    """Text the model can see: JSON may carry lone surrogates ("\\ud800"), which no tokenizer
+    or stop-string matcher can encode; they are a client error, not an engine failure."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode text (it holds a lone surrogate)") from None
+    return value
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -41,6 +51,7 @@ class _SamplingFields(BaseModel):
         for seq in [v] if isinstance(v, str) else v or []:
             if not seq or len(seq) > _MAX_STOP_CHARS:
                 raise ValueError(f"stop sequences must have 1 to {_MAX_STOP_CHARS} characters")
+            _text(seq)
         return v
 
     def stop_sequences(self) -> tuple[str, ...]:
@@ -62,7 +73,7 @@ class CompletionRequest(_SamplingFields):
     def _non_empty(cls, v: str | list[int]) -> str | list[int]:
         if len(v) == 0:
             raise ValueError("prompt must not be empty")
-        return v
+        return _text(v) if isinstance(v, str) else v
 
 
 class ChatMessage(BaseModel):
@@ -70,6 +81,11 @@ class ChatMessage(BaseModel):
 
     role: Literal["system", "user", "assistant", "developer"]
     content: str
+
+    @field_validator("content")
+    @classmethod
+    def _valid_text(cls, v: str) -> str:
+        return _text(v)
 
 
 class ChatCompletionRequest(_SamplingFields):

@@ -19,6 +19,11 @@ CLASS_HEADER = "x-slo-class"
 POLICY_HEADER = "x-slo-policy"
 ROUTE_POLICY_HEADER = "x-route-policy"
 _MAX_TARGET_MS = 3_600_000
+_MAX_TARGET_DIGITS = len(str(_MAX_TARGET_MS))
+# Headers that decide a request's SLO and route: each may be given once.
+ROUTE_HEADERS = frozenset(
+    {*TTFT_HEADERS, *TPOT_HEADERS, CLASS_HEADER, POLICY_HEADER, ROUTE_POLICY_HEADER}
+)
 
 
 class SLOHeaderError(ValueError):
@@ -41,13 +46,30 @@ def _parse_ms(headers: Mapping[str, str], names: tuple[str, ...]) -> float | Non
         if raw is None:
             continue
         raw = raw.strip()
-        if not raw.isdigit() or not 0 < int(raw) <= _MAX_TARGET_MS:
+        # ASCII digits only ("²".isdigit() is True, and int() of 4,300+ digits raises), bounded
+        # before int() so a long value costs nothing
+        valid = raw.isascii() and raw.isdigit() and len(raw) <= _MAX_TARGET_DIGITS
+        if not valid or not 0 < int(raw) <= _MAX_TARGET_MS:
             raise SLOHeaderError(
                 name,
                 f"header {name} must be a positive integer of milliseconds (1..{_MAX_TARGET_MS})",
             )
         return float(raw)
     return None
+
+
+def route_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The request's SLO and routing headers from its ASGI header list, names lower case.
+    Raises SLOHeaderError when one of them is given twice (which one would count is ambiguous)."""
+    out: dict[str, str] = {}
+    for key, value in raw:
+        name = key.decode("latin-1").lower()
+        if name not in ROUTE_HEADERS:
+            continue
+        if name in out:
+            raise SLOHeaderError(name, f"header {name} may be given only once")
+        out[name] = value.decode("latin-1")
+    return out
 
 
 def parse_slo(headers: Mapping[str, str], config: RoutingConfig) -> SLO:

@@ -139,6 +139,32 @@ def test_key_file_rotates_without_restart(tmp_path: Path, monkeypatch: pytest.Mo
     assert refusal is not None and refusal.status_code == 401
 
 
+@pytest.mark.parametrize(
+    "content", ["", "# all comments\n# no key\n", "\n   \n", b"\xff\xfe not text"]
+)
+def test_keys_fail_closed_when_the_file_loses_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: str | bytes
+) -> None:
+    """Emptied, all comments, blank (a half-written rotation) or unreadable: the last keys
+    stay in force, never an open API."""
+    import os
+
+    from serve_app.ingress import guard as guard_module
+
+    keyfile = tmp_path / "keys"
+    keyfile.write_text("good-key\n")
+    guard = Guard(LimitsConfig(), AuthConfig(api_keys_file=str(keyfile)), {})
+    monkeypatch.setattr(guard_module, "KEY_FILE_CHECK_S", 0.0)
+    if isinstance(content, bytes):
+        keyfile.write_bytes(content)
+    else:
+        keyfile.write_text(content)
+    os.utime(keyfile, ns=(1, 10**18))
+    refusal = guard.check("/v1/models", [])
+    assert refusal is not None and refusal.status_code == 401
+    assert guard.check("/v1/models", headers(authorization="Bearer good-key")) is None
+
+
 def test_missing_key_file_fails_at_start(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="api_keys_file"):
         Guard(LimitsConfig(), AuthConfig(api_keys_file=str(tmp_path / "nope")), {})

@@ -1,7 +1,13 @@
 import pytest
 
 from serve_app.routing.config import Policy, RoutingConfig
-from serve_app.routing.slo import SLO, SLOHeaderError, parse_route_policy, parse_slo
+from serve_app.routing.slo import (
+    SLO,
+    SLOHeaderError,
+    parse_route_policy,
+    parse_slo,
+    route_headers,
+)
 
 CONFIG = RoutingConfig()
 
@@ -64,3 +70,23 @@ def test_route_policy_header_needs_the_config_to_allow_it() -> None:
     for bad in ("single:zzz", "random", "slo:nearest"):
         with pytest.raises(SLOHeaderError):
             parse_route_policy({"x-route-policy": bad}, allowed, ["a"])
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["²", "１００", "9" * 4301, "1" * 8, " ", "-5", "1e3", "0x10"],
+)
+def test_targets_are_ascii_digits_of_bounded_length(value: str) -> None:
+    """Unicode digits and 4,301-digit numbers were 500s (int() raised past isdigit())."""
+    with pytest.raises(SLOHeaderError) as e:
+        parse_slo({"x-slo-ttft-ms": value}, RoutingConfig())
+    assert e.value.header == "x-slo-ttft-ms"
+
+
+def test_a_routing_header_given_twice_is_refused() -> None:
+    raw = [(b"x-slo-ttft-ms", b"100"), (b"X-SLO-TTFT-MS", b"abc"), (b"other", b"1")]
+    with pytest.raises(SLOHeaderError, match="only once") as e:
+        route_headers(raw)
+    assert e.value.header == "x-slo-ttft-ms"
+    ok = route_headers([(b"X-Slo-Class", b"batch"), (b"x-other", b"1"), (b"x-other", b"2")])
+    assert ok == {"x-slo-class": "batch"}
