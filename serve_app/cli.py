@@ -7,6 +7,7 @@ goes through `serve deploy`, exactly as on a real cluster.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import yaml
 
 LOOPBACK = "127.0.0.1"
@@ -173,9 +175,39 @@ def _run(args: argparse.Namespace) -> int:
         import ray
         from ray import serve
 
+        started_here = descendants()
         serve.shutdown()
         ray.shutdown()
+        reap(started_here)
     return 0
+
+
+def descendants() -> list[psutil.Process]:
+    """Every process this one started, directly or not (Ray's, its workers', the engines')."""
+    children: list[psutil.Process] = psutil.Process().children(recursive=True)
+    return children
+
+
+def reap(processes: list[psutil.Process], grace_s: float = 15.0) -> list[int]:
+    """Wait for processes to end, then end those left: SIGTERM, then SIGKILL. Returns the pids
+    that had to be ended.
+
+    `ray.shutdown()` ends Ray's processes and its workers, but a vLLM engine core started by a
+    worker outlives it, reparented to init, when the worker is killed (it kept its GPU's memory,
+    so the next start failed). A terminal's Ctrl-C reached them through the process group; a
+    SIGTERM to this process alone (kill, systemd, docker stop, Kubernetes) did not.
+    """
+    _, alive = psutil.wait_procs(processes, timeout=grace_s)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.terminate()
+    _, alive_after = psutil.wait_procs(alive, timeout=5)
+    for proc in alive_after:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    if alive:
+        print(f"serve-app: ended {len(alive)} process(es) left after Ray stopped", flush=True)
+    return [p.pid for p in alive]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,10 +48,12 @@ class AppServer:
         return httpx.Client(base_url=self.url, timeout=60, **kwargs)
 
 
-def stream_then_leave(client: httpx.Client, body: dict[str, Any]) -> tuple[int, dict[str, int]]:
+def stream_then_leave(
+    client: httpx.Client, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, int]]:
     """Start a streamed completion, read a few events, close it. Returns the pool's running count
     seen while streaming and the pool's state once idle (or after 5 s)."""
-    with client.stream("POST", "/v1/completions", json=body) as r:
+    with client.stream("POST", "/v1/completions", json=body, headers=headers) as r:
         assert r.status_code == 200, r.read()
         pool = r.headers["x-serve-pool"]
         lines = r.iter_lines()

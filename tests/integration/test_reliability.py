@@ -17,7 +17,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.integration.conftest import AppServer
+from tests.integration.conftest import AppServer, stream_then_leave
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -104,6 +104,56 @@ def test_bad_requests_get_bounded_openai_errors(app_server: AppServer) -> None:
         # nothing else broke: a good request is served
         ok = c.post(C, json={"prompt": "hi", "max_tokens": 3, "ignore_eos": True})
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
+
+
+def test_hostile_headers_and_bodies_through_serve_s_proxy(app_server: AppServer) -> None:
+    """The cases of the hardening issue's table, each through Serve's proxy (with the app's
+    proxy hook) as a client would send them: a 4xx naming what is wrong, or handled, never a
+    5xx or a plain-text body, and the app serves a normal request afterwards."""
+    ok_body = {"prompt": "hi", "max_tokens": 3, "ignore_eos": True}
+    with app_server.client() as c:
+        for name, value in (
+            ("x-slo-ttft-ms", "²".encode()),  # a non-ASCII digit
+            ("x-slo-tpot-ms", b"9" * 4301),
+        ):
+            r = c.post(C, json=ok_body, headers={name: value})  # type: ignore[dict-item]
+            assert_openai_error(r, 400, name)
+        twice = [("x-slo-ttft-ms", "100"), ("x-slo-ttft-ms", "abc")]
+        assert_openai_error(c.post(C, json=ok_body, headers=twice), 400, "x-slo-ttft-ms")
+        for raw, param in (
+            (b'{"prompt": "\\ud800"}', "prompt"),
+            (b'{"prompt": "hi", "stop": ["\\udfff"]}', "stop"),
+        ):
+            r = c.post(C, content=raw, headers={"content-type": "application/json"})
+            assert_openai_error(r, 400, param)
+        # an x-request-id Serve cannot use is dropped (Serve assigns one), not a 500
+        r = c.post(C, json=ok_body, headers={"x-request-id": b"\xff\xfe"})  # type: ignore[dict-item]
+        assert r.status_code == 200, r.text
+        # a client cannot set Serve's request timeout (nor get its id echoed 6,000 bytes long)
+        slow = {**ok_body, "max_tokens": 48}
+        r = c.post(
+            C,
+            json=slow,
+            headers={"x-request-timeout-seconds": "0.000001", "x-request-id": "x" * 6000},
+        )
+        assert r.status_code == 200, r.text
+        assert all(len(v) <= 128 for k, v in r.headers.multi_items() if k == "x-request-id")
+        # a chunked body past max_body_bytes is 413, as a declared one is
+        limit = (
+            app_server.config["applications"][0]["args"]
+            .get("limits", {})
+            .get("max_body_bytes", 1 << 20)
+        )
+        chunks = (b'{"prompt": "' + b"a" * 65536 for _ in range(limit // 65536 + 2))
+        r = c.post(C, content=chunks, headers={"content-type": "application/json"})
+        assert_openai_error(r, 413, None)
+        # a client cannot keep its generation running after it leaves
+        running, idle = stream_then_leave(
+            c, {**ok_body, "max_tokens": 2000, "stream": True},
+            headers={"x-request-disconnect-disabled": "?1"},
+        )  # fmt: skip
+        assert running >= 1 and idle["running"] == 0 and idle["waiting"] == 0
+        assert c.post(C, json=ok_body).status_code == 200
 
 
 def test_schemathesis_finds_no_server_error(app_server: AppServer) -> None:
