@@ -43,6 +43,9 @@ GRACEFUL_SHUTDOWN_TIMEOUT_S = 300.0
 HEALTH_CHECK_PERIOD_S = 2.0
 
 
+INGRESS_MAX_QUEUED = 2048
+
+
 class AppArgs(BaseModel):
     """`args:` of the application in serve_config.yaml."""
 
@@ -185,6 +188,9 @@ def build_app(raw_args: dict[str, Any]) -> Application:
         .options(
             ray_actor_options={"num_cpus": 0},
             max_ongoing_requests=1024,
+            # past this many requests waiting for an ingress replica, Serve answers 503 at once
+            # rather than queueing without bound behind slow clients
+            max_queued_requests=INGRESS_MAX_QUEUED,
             graceful_shutdown_timeout_s=args.graceful_shutdown_timeout_s,
         )
         .bind(config, pools, board)

@@ -56,6 +56,11 @@ class PayloadTooLarge(ServeError):
     error_type = "invalid_request_error"
 
 
+class RequestTimeout(ServeError):
+    status_code = 408
+    error_type = "timeout_error"
+
+
 class HeadersTooLarge(ServeError):
     status_code = 431
     error_type = "invalid_request_error"

@@ -11,6 +11,7 @@ open so orchestrators need no key.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import os
@@ -24,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from serve_app.ingress.errors import (
     HeadersTooLarge,
     PayloadTooLarge,
+    RequestTimeout,
     ServeError,
     Unauthorized,
     error_response,
@@ -59,6 +61,11 @@ class LimitsConfig(BaseModel):
 
     max_body_bytes: int = Field(1 << 20, ge=1024, description="Largest request body.")
     max_header_bytes: int = Field(8 << 10, ge=1024, description="Largest sum of header sizes.")
+    body_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Longest wait for the next part of a request body (slow uploads get 408).",
+    )
     max_prompt_tokens: int | None = Field(
         None, ge=1, description="Longest prompt in tokens (None: the longest pool context)."
     )
@@ -194,20 +201,32 @@ class GuardMiddleware:
         if refusal is not None:
             await _respond(scope, receive, send, refusal)
             return
-        await self.app(scope, _bounded(receive, guard.limits.max_body_bytes), send)
+        limits = guard.limits
+        await self.app(scope, _bounded(receive, limits.max_body_bytes, limits.body_timeout_s), send)
 
 
-def _bounded(receive: Receive, limit: int) -> Receive:
-    """receive() that fails once the body read so far passes the limit (chunked bodies)."""
+def _bounded(receive: Receive, limit: int, timeout_s: float) -> Receive:
+    """receive() that fails once the body read so far passes the limit (chunked bodies), or
+    when the next part of the body takes longer than timeout_s to arrive. Once the body is
+    complete, receive() waits as long as it must (it then reports the client's disconnect)."""
     seen = 0
+    complete = False
 
     async def bounded_receive() -> Message:
-        nonlocal seen
-        message = await receive()
+        nonlocal seen, complete
+        if complete:
+            return await receive()
+        try:
+            message = await asyncio.wait_for(receive(), timeout_s)
+        except TimeoutError:
+            raise RequestTimeout(
+                f"the request body did not arrive within {timeout_s:g} s", code="body_timeout"
+            ) from None
         if message["type"] == "http.request":
             seen += len(message.get("body", b""))
             if seen > limit:
                 raise _too_large(limit)
+            complete = not message.get("more_body", False)
         return message
 
     return bounded_receive

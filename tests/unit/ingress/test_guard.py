@@ -119,6 +119,43 @@ async def test_middleware_bounds_chunked_bodies() -> None:
     assert ok[0]["status"] == 200
 
 
+async def test_a_body_that_stalls_times_out_but_a_complete_one_waits_for_disconnect() -> None:
+    import asyncio
+
+    from serve_app.ingress.errors import RequestTimeout
+
+    limits = LimitsConfig(body_timeout_s=0.05)
+    guard = Guard(limits, AuthConfig(), {})
+    parts = [{"type": "http.request", "body": b"x", "more_body": True}]
+
+    async def stalling() -> dict[str, Any]:
+        if parts:
+            return parts.pop(0)
+        await asyncio.sleep(10)  # the client stopped sending mid-body
+        return {}
+
+    app = _App()
+    app.state.guard = guard  # type: ignore[attr-defined]
+    scope = {"type": "http", "path": "/v1/completions", "headers": [], "app": app}
+    with pytest.raises(RequestTimeout):
+        await GuardMiddleware(app)(scope, stalling, lambda m: asyncio.sleep(0))
+
+    # the body is complete: waiting for the disconnect afterwards is not a timeout
+    from serve_app.ingress.guard import _bounded
+
+    done = [{"type": "http.request", "body": b"{}", "more_body": False}]
+
+    async def then_disconnect() -> dict[str, Any]:
+        if done:
+            return done.pop(0)
+        await asyncio.sleep(0.2)
+        return {"type": "http.disconnect"}
+
+    receive = _bounded(then_disconnect, 1024, 0.05)
+    assert (await receive())["type"] == "http.request"
+    assert (await receive())["type"] == "http.disconnect"
+
+
 def test_key_file_rotates_without_restart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
