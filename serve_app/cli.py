@@ -143,9 +143,13 @@ def _run(args: argparse.Namespace) -> int:
     if args.haproxy:
         os.environ.update(HAPROXY_ENV)
     started = time.monotonic()
-    dashboard = start_local_ray(dashboard_port=args.dashboard_port, metrics_port=args.metrics_port)
     http_url = http_url_of(config)
+    _stop_on_signals()
     try:
+        dashboard = start_local_ray(
+            dashboard_port=args.dashboard_port, metrics_port=args.metrics_port
+        )
+        _stop_on_signals()  # again: starting Ray installs its own SIGTERM handler (which aborts)
         serve_deploy(config, dashboard)
         waited = wait_ready(http_url, args.ready_timeout_s)
         print(
@@ -158,17 +162,8 @@ def _run(args: argparse.Namespace) -> int:
             "Ctrl-C stops the app and Ray.",
             flush=True,
         )
-        stop = False
-
-        def _stop(*_: object) -> None:
-            nonlocal stop
-            stop = True
-
-        # Both, explicitly: a shell starts background jobs with SIGINT ignored.
-        signal.signal(signal.SIGTERM, _stop)
-        signal.signal(signal.SIGINT, _stop)
-        while not stop:
-            time.sleep(0.5)
+        while True:
+            time.sleep(3600)
     except KeyboardInterrupt:
         pass
     finally:
@@ -176,10 +171,25 @@ def _run(args: argparse.Namespace) -> int:
         from ray import serve
 
         started_here = descendants()
-        serve.shutdown()
-        ray.shutdown()
+        if ray.is_initialized():
+            serve.shutdown()
+            ray.shutdown()
         reap(started_here)
     return 0
+
+
+def _stop_on_signals() -> None:
+    """SIGTERM and SIGINT stop the app from wherever they arrive (starting, loading, serving):
+    the first one unwinds to the shutdown, further ones are ignored so it can finish. Both are
+    set explicitly: a shell starts background jobs with SIGINT ignored."""
+
+    def stop(*_: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
 
 
 def descendants() -> list[psutil.Process]:

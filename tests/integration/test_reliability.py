@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import re
@@ -17,7 +18,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.integration.conftest import AppServer, stream_then_leave
+from tests.integration.conftest import AppServer, redeploy, stream_then_leave
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -216,10 +217,6 @@ def test_schemathesis_finds_no_server_error(app_server: AppServer) -> None:
     assert not failures, failures[:10]
 
 
-def _write_keys(server: AppServer, text: str) -> None:
-    server.api_keys_file.write_text(text)
-
-
 def _status_soon(c: httpx.Client, path: str, want: int, **kw: Any) -> int:
     """The key file is re-read within ~1 s of a change."""
     deadline = time.monotonic() + 10
@@ -231,27 +228,34 @@ def _status_soon(c: httpx.Client, path: str, want: int, **kw: Any) -> int:
 
 
 @pytest.fixture
-def keys_configured(app_server: AppServer) -> Iterator[list[str]]:
+def keys_configured(app_server: AppServer) -> Iterator[tuple[list[str], Path]]:
+    """The app redeployed with a key file holding two keys; afterwards redeployed as it was
+    (once configured, keys cannot be turned off by emptying the file: they fail closed)."""
     keys = ["sk-test-one-" + "a" * 24, "sk-test-two-" + "b" * 24]
-    _write_keys(app_server, "# test keys\n" + "\n".join(keys) + "\n")
+    keyfile = app_server.api_keys_file.with_name("api-keys-on")
+    keyfile.write_text("# test keys\n" + "\n".join(keys) + "\n")
+    config = copy.deepcopy(app_server.config)
+    config["applications"][0]["args"]["auth"] = {"api_keys_file": str(keyfile)}
+    redeploy(app_server, config)
     try:
-        yield keys
+        yield keys, keyfile
     finally:
-        _write_keys(app_server, "")
+        redeploy(app_server, app_server.config)
         with app_server.client() as c:
             assert _status_soon(c, "/v1/models", 200) == 200
 
 
-def test_api_keys(app_server: AppServer, keys_configured: list[str]) -> None:
+def test_api_keys(app_server: AppServer, keys_configured: tuple[list[str], Path]) -> None:
+    keys, keyfile = keys_configured
     with app_server.client() as c:
         assert _status_soon(c, "/v1/models", 401) == 401
         error = assert_openai_error(c.get("/v1/models"), 401, None)
         assert error["code"] == "invalid_api_key"
         wrong = {"authorization": "Bearer sk-test-one-" + "a" * 23 + "x"}
         assert_openai_error(c.post(C, json={"prompt": "hi"}, headers=wrong), 401, None)
-        no_scheme = {"authorization": keys_configured[0]}
+        no_scheme = {"authorization": keys[0]}
         assert_openai_error(c.get("/pools", headers=no_scheme), 401, None)
-        for key in keys_configured:
+        for key in keys:
             r = c.post(
                 C,
                 json={"prompt": "hi", "max_tokens": 2},
@@ -260,6 +264,12 @@ def test_api_keys(app_server: AppServer, keys_configured: list[str]) -> None:
             assert r.status_code == 200, r.text
         assert c.get("/health").status_code == 200  # probes need no key
         assert c.get("/ready").status_code == 200
+        # a rotation that empties the file (or leaves only comments) must not open the API
+        keyfile.write_text("# rotating\n")
+        time.sleep(2.5)  # the file is re-read within a second of a change
+        assert_openai_error(c.get("/v1/models"), 401, None)
+        ok = c.get("/v1/models", headers={"authorization": f"Bearer {keys[1]}"})
+        assert ok.status_code == 200
 
 
 def test_open_api_is_announced_at_start(app_server: AppServer) -> None:
