@@ -2,8 +2,9 @@
 
 Each stage is measured where it happens, by the process that sees both of its ends:
 
-- `proxy`     Serve's HTTP proxy received the request -> the ingress saw it (stamped by
-              serve_app.proxy_timing in the proxy; absent on paths without Serve's proxy)
+- `proxy`     Serve's HTTP proxy (with direct ingress, the replica's own HTTP server) received
+              the request -> the ingress saw it (stamped by serve_app.proxy_hooks; absent where
+              the hook is not installed)
 - `ingress`   the ingress saw the request -> its prompt is tokens (body read, parse, tokenize)
 - `route`     the routing decision
 - `dispatch`  the ingress handed the request to a pool replica -> the replica got it (Ray hop)
