@@ -123,8 +123,13 @@ app.add_middleware(GuardMiddleware)
 
 
 @app.exception_handler(ServeError)
-async def _serve_error(_: Request, err: ServeError) -> JSONResponse:
-    return error_response(err)
+async def _serve_error(request: Request, err: ServeError) -> JSONResponse:
+    """An API error; one raised after routing says which pool the request was sent to."""
+    routed: _Routed | None = getattr(request.state, "routed", None)
+    if routed is None:
+        return error_response(err)
+    headers = {k: v for k, v in routed.headers.items() if k != SERVER_TIMING_HEADER}
+    return error_response(err, headers)
 
 
 @app.exception_handler(RequestValidationError)
@@ -573,6 +578,10 @@ class Ingress:
             async for chunk in chunks:
                 text.append(chunk.text)
                 last = chunk
+        except ServeError:
+            raise
+        except Exception as e:  # the engine or its replica died mid-generation: 503, not 500
+            raise engine_error(e) from None
         finally:
             await chunks.aclose()  # client gone mid-generation: abort now, not at collection
         payload = fmt.full_response(
@@ -595,6 +604,7 @@ class Ingress:
         """The pool's chunks, with local load accounting and latency learning around them."""
         first_at: float | None = None
         last: StreamChunk | None = None
+        failed = False  # the stream raised: whoever answers the client counts the outcome
         try:
             async for chunk in stream:
                 if chunk.sent_at:
@@ -614,6 +624,9 @@ class Ingress:
                     )
                 last = chunk
                 yield chunk
+        except Exception:
+            failed = True
+            raise
         finally:
             self._router.finished(
                 routed.pool, routed.prompt_tokens, got_first_token=first_at is not None
@@ -622,7 +635,7 @@ class Ingress:
                 self._finished(routed, first_at, last)
             else:
                 stream.cancel()  # the client went away or we failed: abort the engine request
-                if first_at is not None:  # failures before the first chunk are counted above
+                if first_at is not None and not failed:
                     self._metrics.request(routed.pool, routed.slo.slo_class, Outcome.DISCONNECTED)
 
     def _finished(self, routed: _Routed, first_at: float, last: StreamChunk) -> None:
@@ -675,6 +688,7 @@ class Ingress:
             # Headers are sent: the error travels as an event, then the stream ends.
             err = e if isinstance(e, ServeError) else engine_error(e)
             logger.warning("request %s failed mid-stream: %s", rid, type(e).__name__)
+            self._metrics.request(routed.pool, routed.slo.slo_class, outcome_of(err.status_code))
             yield fmt.sse({"error": {"message": err.message, "type": err.error_type}})
             return
         finally:

@@ -381,15 +381,20 @@ def _engine_core_of(pool: str) -> psutil.Process:
     raise LookupError(f"no engine core under pool {pool}")
 
 
-async def _load_request(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
-    """One streamed request; when it started and ended, where it went, whether it was whole."""
+async def _load_request(
+    session: aiohttp.ClientSession, url: str, stream: bool = True
+) -> dict[str, Any]:
+    """One request; when it started and ended, where it went, whether it was whole."""
     body = {"model": MODEL, "prompt": "Count slowly", "max_tokens": 48, "ignore_eos": True}
-    body |= {"stream": True, "stream_options": {"include_usage": True}}
+    body |= {"stream": stream, "stream_options": {"include_usage": True}}
     out: dict[str, Any] = {"started": time.monotonic(), "ok": False, "pool": None}
+    out["stream"] = stream
     async with session.post(url + C, json=body, headers={"x-slo-class": "batch"}) as r:
         out["status"] = r.status
         out["pool"] = r.headers.get("x-serve-pool")
-        if r.status == 200:
+        if r.status == 200 and not stream:
+            out["ok"] = (await r.json())["usage"]["completion_tokens"] == 48
+        elif r.status == 200:
             async for line in r.content:
                 text = line.decode().strip()
                 if not text.startswith("data: {"):
@@ -402,6 +407,7 @@ async def _load_request(session: aiohttp.ClientSession, url: str) -> dict[str, A
                     out["ok"] = event["usage"]["completion_tokens"] == 48
         else:
             out["error"] = await r.text()
+            out["bytes"] = len(out["error"])
     out["ended"] = time.monotonic()
     return out
 
@@ -425,7 +431,8 @@ def test_engine_core_killed_under_load(app_server: AppServer) -> None:
             i = 0
             while time.monotonic() < deadline:  # ~10 requests/s for 40 s, bounded
                 i += 1
-                pending.add(asyncio.create_task(_load_request(session, app_server.url)))
+                request = _load_request(session, app_server.url, stream=i % 2 == 0)
+                pending.add(asyncio.create_task(request))
                 if i == 30:
                     async with session.get(app_server.url + "/pools") as r:
                         pools = await r.json()
@@ -457,6 +464,13 @@ def test_engine_core_killed_under_load(app_server: AppServer) -> None:
     assert not failed_after, failed_after[:3]
     assert all(o["pool"] == pool for o in failed_before)  # only that replica's requests
     assert all(o["ended"] - kill < 5 for o in failed_before)  # failed fast, not at a timeout
+    # a non-streamed request whose engine died mid-generation gets 503, OpenAI-shaped, not 500
+    failed_whole = [o for o in failed_before if not o["stream"]]
+    print(
+        f"{len(failed_whole)} of them not streamed: statuses {[o['status'] for o in failed_whole]}"
+    )
+    assert all(o["status"] == 503 and o["bytes"] <= 2048 for o in failed_whole), failed_whole
+    assert all(json.loads(o["error"])["error"]["type"] for o in failed_whole)
     # The pool comes back to full strength: a new engine core, serving again.
     handle = serve.get_deployment_handle(f"pool-{pool}", app_name="llm")
     recovered = None
