@@ -17,6 +17,8 @@ import aiohttp
 import httpx
 import psutil
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.integration.conftest import AppServer, redeploy, stream_then_leave
 
@@ -155,6 +157,66 @@ def test_hostile_headers_and_bodies_through_serve_s_proxy(app_server: AppServer)
         )  # fmt: skip
         assert running >= 1 and idle["running"] == 0 and idle["waiting"] == 0
         assert c.post(C, json=ok_body).status_code == 200
+
+
+_HEADER_TEXT = st.text(
+    st.characters(min_codepoint=32, max_codepoint=0x2FFF, exclude_characters="\x7f"), max_size=40
+)
+_JSON_VALUE = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=30),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=8,
+)
+_FIELDS = ["prompt", "max_tokens", "stop", "temperature", "top_p", "seed", "stream", "n", "model"]
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    headers=st.dictionaries(
+        st.sampled_from(
+            [
+                "x-slo-ttft-ms",
+                "x-slo-tpot-ms",
+                "x-slo-class",
+                "x-slo-policy",
+                "x-route-policy",
+                "x-request-id",
+                "x-request-timeout-seconds",
+            ]
+        ),
+        _HEADER_TEXT,
+        max_size=3,
+    ),
+    body=st.dictionaries(st.sampled_from(_FIELDS), _JSON_VALUE, max_size=5),
+)
+def test_random_headers_and_bodies_never_get_a_server_error(
+    app_server: AppServer, headers: dict[str, str], body: dict[str, Any]
+) -> None:
+    """Property: whatever a client puts in the routing headers and the body's fields, the answer
+    is a success or an OpenAI-shaped 4xx under 2 KB; never a 5xx."""
+    if isinstance(body.get("max_tokens"), int):
+        body["max_tokens"] = max(-1, min(body["max_tokens"], 8))  # bound generation
+    raw = json.dumps(body).encode()  # lone surrogates travel escaped, as a JSON client sends them
+    encoded = {k: v.encode() for k, v in headers.items()}  # UTF-8 bytes, as on the wire
+    with app_server.client() as c:
+        r = c.post(C, content=raw, headers={"content-type": "application/json", **encoded})  # type: ignore[dict-item]
+        assert r.status_code < 500, (headers, body, r.status_code, r.text[:300])
+        if r.status_code >= 400:
+            assert len(r.content) <= 2048 and set(r.json()["error"]) >= {"message", "type"}
+        elif body.get("stream") is True:
+            assert r.headers["content-type"].startswith("text/event-stream")
+
+
+def test_the_app_serves_after_the_property_tests(app_server: AppServer) -> None:
+    with app_server.client() as c:
+        r = c.post(C, json={"prompt": "hi", "max_tokens": 3, "ignore_eos": True})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
 
 
 def test_schemathesis_finds_no_server_error(app_server: AppServer) -> None:
