@@ -156,6 +156,8 @@ def _run(args: argparse.Namespace) -> int:
             f"\nserve-app ready at {http_url} ({time.monotonic() - started:.1f} s after start, "
             f"{waited:.1f} s of it loading engines)\n"
             f"  Ray dashboard: {dashboard}  (Serve tab: the app, its deployments and replicas)\n"
+            "    if it asks for a token: `ray get-auth-token` prints it; the serve CLI needs\n"
+            f"    RAY_AUTH_MODE=token, e.g. RAY_AUTH_MODE=token serve status -a {dashboard}\n"
             f"  Prometheus metrics: http://{LOOPBACK}:{args.metrics_port}/metrics\n"
             f"  try: curl -s {http_url}/v1/completions -H 'content-type: application/json' "
             '-d \'{"prompt": "Hello", "max_tokens": 16}\'\n'
