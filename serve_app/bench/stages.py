@@ -41,7 +41,8 @@ def breakdown(samples: Iterable[Sample]) -> dict[str, Any] | None:
         outside = _outside(s, s.stages)
         if outside is not None:
             values[OUTSIDE].append(outside)
-    client = statistics.mean(s.ttft_ms for s in timed if s.ttft_ms is not None)
+    observed = [s.ttft_ms for s in timed if s.ttft_ms is not None]  # all of them (typed)
+    client = statistics.mean(observed)
     predicted = [s.predicted_ttft_ms for s in timed if s.predicted_ttft_ms is not None]
     stages = {}
     for name in ORDER:
@@ -59,7 +60,7 @@ def breakdown(samples: Iterable[Sample]) -> dict[str, Any] | None:
         "n": len(timed),
         "client_ttft_ms_mean": client,
         "predicted_ttft_ms": percentiles(predicted),
-        "observed_ttft_ms": percentiles([s.ttft_ms for s in timed if s.ttft_ms is not None]),
+        "observed_ttft_ms": percentiles(observed),
         "stages": stages,
     }
 

@@ -30,7 +30,9 @@ class GenerationRequest:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
-    sent_at: float = 0.0  # wall clock when the ingress dispatched it (the `dispatch` stage)
+    # wall clock when the ingress dispatched it (the `dispatch` stage); 0: the ingress does not
+    # time requests (server_timing off), so neither the replica nor the engine does
+    sent_at: float = 0.0
 
 
 @dataclass(slots=True)

@@ -157,7 +157,7 @@ class VLLMEngine(Engine):
         try:
             async for out in self.llm.generate(prompt, params, request.request_id):
                 delta = out.outputs[0]
-                first = completion_tokens == 0 and len(delta.token_ids) > 0
+                timed = request.sent_at > 0 and completion_tokens == 0 and len(delta.token_ids) > 0
                 completion_tokens += len(delta.token_ids)
                 yield StreamChunk(
                     text=delta.text,
@@ -165,7 +165,7 @@ class VLLMEngine(Engine):
                     completion_tokens=completion_tokens,
                     prompt_tokens=len(request.prompt_token_ids),
                     finish_reason=delta.finish_reason if out.finished else None,
-                    stages=engine_stages(out, started, time.monotonic()) if first else None,
+                    stages=engine_stages(out, started, time.monotonic()) if timed else None,
                 )
         except VLLMEngineDeadError as e:
             # Re-raised as our type so callers need not import vLLM; the replica is unhealthy now.
