@@ -17,7 +17,7 @@ import httpx
 import pytest
 import yaml
 
-from serve_app.cli import serve_deploy, start_local_ray
+from serve_app.cli import descendants, reap, serve_deploy, start_local_ray
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 300
@@ -137,5 +137,8 @@ def app_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppServer]:
         _wait_ready(server)
         yield server
     finally:
+        # as `serve-app run` stops: engine cores of replicas Ray killed outlive ray.shutdown()
+        started_here = descendants()
         serve.shutdown()
         ray.shutdown()
+        reap(started_here)
