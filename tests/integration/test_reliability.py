@@ -159,9 +159,11 @@ def test_hostile_headers_and_bodies_through_serve_s_proxy(app_server: AppServer)
         assert c.post(C, json=ok_body).status_code == 200
 
 
+# a header value as a client can send it: HTTP strips the whitespace around a field value, and
+# h11 (httpx) refuses to send a value that starts or ends with a space
 _HEADER_TEXT = st.text(
     st.characters(min_codepoint=32, max_codepoint=0x2FFF, exclude_characters="\x7f"), max_size=40
-)
+).map(lambda v: v.strip(" "))
 _JSON_VALUE = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=30),
     lambda inner: (
