@@ -30,6 +30,7 @@ from serve_app.engine.protocol import (
     GenerationRequest,
     StreamChunk,
 )
+from serve_app.engine.watchdog import Watchdog
 from serve_app.profiles import Platform, ResolvedProfile
 from serve_app.timing import Stage, elapsed_ms
 
@@ -122,12 +123,17 @@ class VLLMEngine(Engine):
         self._profile = profile
         self._llm: AsyncLLM | None = None
         self._stats_logger: _SchedulerStatsLogger | None = None
+        self._watchdog: Watchdog | None = None
 
     async def start(self) -> None:
         def factory(vllm_config: Any, engine_index: int = 0) -> _SchedulerStatsLogger:
             self._stats_logger = _SchedulerStatsLogger(vllm_config, engine_index)
             return self._stats_logger
 
+        # Before the engine's processes exist, so that they end with this process whenever it
+        # ends, even while the engine is still loading. (In a Ray actor vLLM spawns them, so
+        # they do not inherit the watchdog's pipe.)
+        self._watchdog = Watchdog()
         self._llm = AsyncLLM.from_engine_args(
             engine_args_for(self._profile), stat_loggers=[factory]
         )
@@ -191,3 +197,6 @@ class VLLMEngine(Engine):
         if self._llm is not None:
             self._llm.shutdown()
             self._llm = None
+        if self._watchdog is not None:  # ends whatever the engine's shutdown left running
+            self._watchdog.release()
+            self._watchdog = None

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 import yaml
 
@@ -72,6 +73,17 @@ def stream_then_leave(
         time.sleep(0.25)
         state = client.get("/pools").json()[pool]
     return running, state
+
+
+def engine_core_of(pool: str) -> psutil.Process:
+    """The vLLM engine core process under the pool's replica (in a Ray these tests started)."""
+    for p in psutil.process_iter(["name", "cmdline"]):
+        title = " ".join(p.info["cmdline"] or [])
+        if f"ServeReplica:llm:pool-{pool}" in title:
+            for child in p.children(recursive=True):
+                if "EngineCore" in " ".join(child.cmdline() or [child.name()]):
+                    return child
+    raise LookupError(f"no engine core under pool {pool}")
 
 
 def app_statuses(dashboard_url: str) -> dict[str, Any]:

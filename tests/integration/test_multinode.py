@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from serve_app.cli import SERVE_ENV
-from tests.integration.conftest import ROOT, free_ports
+from tests.integration.conftest import ROOT, engine_core_of, free_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -240,8 +240,13 @@ def test_pools_spread_over_two_nodes_and_survive_losing_one(
         assert holder.wait(timeout=60) == 0
 
         lost = [name for name, rs in where.items() if rs[0]["node_id"] == nodes["worker"]]
+        lost_engines = [engine_core_of(name) for name in lost]
         cluster.worker_raylet().kill()  # the worker node's Ray process dies without warning
         killed_at = time.monotonic()
+        # Its replicas die with it, and so must their engines: on a node whose raylet died, no
+        # part of Ray is left to end them, and each would keep its GPU's memory.
+        _, engines_alive = psutil.wait_procs(lost_engines, timeout=15)
+        assert not engines_alive, f"{engines_alive} outlived their replicas"
         outcomes: list[tuple[float, bool]] = []
         recovered_s = None
         while time.monotonic() - killed_at < RECOVERY_TIMEOUT_S:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 import os
@@ -20,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.integration.conftest import AppServer, redeploy, stream_then_leave
+from tests.integration.conftest import AppServer, engine_core_of, redeploy, stream_then_leave
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -434,17 +435,6 @@ def test_hundred_streams_ten_cancelled(app_server: AppServer) -> None:
     assert seen - disconnected_before >= 10
 
 
-def _engine_core_of(pool: str) -> psutil.Process:
-    """The vLLM engine core process under the pool's replica (a child of this test's Ray)."""
-    for p in psutil.process_iter(["name", "cmdline"]):
-        title = " ".join(p.info["cmdline"] or [])
-        if f"ServeReplica:llm:pool-{pool}" in title:
-            for child in p.children(recursive=True):
-                if "EngineCore" in " ".join(child.cmdline() or [child.name()]):
-                    return child
-    raise LookupError(f"no engine core under pool {pool}")
-
-
 async def _load_request(
     session: aiohttp.ClientSession, url: str, stream: bool = True
 ) -> dict[str, Any]:
@@ -477,10 +467,6 @@ async def _load_request(
 
 
 def test_engine_core_killed_under_load(app_server: AppServer) -> None:
-    from ray import serve
-
-    from serve_app.engine.protocol import GenerationRequest
-
     outcomes: list[dict[str, Any]] = []
     killed_at: list[float] = []
     # The victim: the engine core of the pool running the most of the load when the kill comes
@@ -501,7 +487,7 @@ def test_engine_core_killed_under_load(app_server: AppServer) -> None:
                     async with session.get(app_server.url + "/pools") as r:
                         pools = await r.json()
                     pool = max(sorted(pools), key=lambda name: pools[name]["running"])
-                    victims.append((pool, _engine_core_of(pool)))
+                    victims.append((pool, engine_core_of(pool)))
                     killed_at.append(time.monotonic())
                     os.kill(victims[0][1].pid, signal.SIGKILL)
                 await asyncio.sleep(0.1)
@@ -536,20 +522,53 @@ def test_engine_core_killed_under_load(app_server: AppServer) -> None:
     assert all(o["status"] == 503 and o["bytes"] <= 2048 for o in failed_whole), failed_whole
     assert all(json.loads(o["error"])["error"]["type"] for o in failed_whole)
     # The pool comes back to full strength: a new engine core, serving again.
+    recovered = _serving_again(pool, victim.pid, kill)
+    print(f"{pool} pool back at full strength {recovered} s after the kill")
+    assert recovered is not None
+
+
+def _serving_again(pool: str, old_engine_pid: int, since: float) -> float | None:
+    """Seconds from `since` until the pool serves from an engine core other than the old one."""
+    from ray import serve
+
+    from serve_app.engine.protocol import GenerationRequest
+
     handle = serve.get_deployment_handle(f"pool-{pool}", app_name="llm")
-    recovered = None
-    while time.monotonic() - kill < 180:
-        try:
-            engine_pid = _engine_core_of(pool).pid
+    while time.monotonic() - since < 180:
+        with contextlib.suppress(Exception):
+            engine_pid = engine_core_of(pool).pid
             request = GenerationRequest("probe", [5, 6, 7], max_tokens=2)
             chunks = list(handle.options(stream=True).generate.remote(request))
-            if engine_pid != victim.pid and chunks and chunks[-1].finish_reason:
-                recovered = time.monotonic() - kill
-                break
-        except Exception:
-            pass
+            if engine_pid != old_engine_pid and chunks and chunks[-1].finish_reason:
+                return time.monotonic() - since
         time.sleep(1)
-    print(f"{pool} pool back at full strength {recovered} s after the kill")
+    return None
+
+
+def test_a_killed_replica_takes_its_engine_with_it(app_server: AppServer) -> None:
+    """A replica process that dies without shutting its engine down (SIGKILL: what Serve's
+    force-stop, `ray stop` after its grace period and the OOM killer send) must not leave the
+    engine core running: on a GPU it holds the memory the replacement needs."""
+    pool = "throughput"
+    engine = engine_core_of(pool)
+    replica = next(p for p in engine.parents() if "ServeReplica" in " ".join(p.cmdline()))
+    killed, wall = time.monotonic(), time.time()
+    replica.kill()
+    _, alive = psutil.wait_procs([engine], timeout=15)
+    ended_s = time.monotonic() - killed
+    # the replacement's engine core had not started when the old one was gone
+    newer = [
+        p for p in psutil.process_iter(["cmdline", "create_time"])
+        if "EngineCore" in " ".join(p.info["cmdline"] or []) and p.info["create_time"] > wall
+    ]  # fmt: skip
+    recovered = _serving_again(pool, engine.pid, killed)
+    print(
+        f"\nreplica killed: its engine core ended {ended_s:.1f} s later "
+        f"({'still running' if alive else 'gone'}); {len(newer)} engine core(s) started by then; "
+        f"pool back {recovered} s after the kill"
+    )
+    assert not alive, "the engine core outlived its replica"
+    assert not newer, "the replacement started its engine before the old one ended"
     assert recovered is not None
 
 

@@ -1,0 +1,96 @@
+"""Ends a replica's engine processes when the replica's process ends, however it ends.
+
+vLLM runs its engine core (and, on GPUs, its workers) as child processes of the process that
+created the engine. They stop when the engine is shut down, but a replica that Serve kills
+(unhealthy, timed-out graceful stop), that `ray stop` or the OOM killer ends, or that crashes
+never shuts its engine down: the engine core is reparented to init and keeps the GPU's memory,
+so the replacement replica fails to start. Nothing in Linux ties a child's life to its parent's
+unless the child asks (PR_SET_PDEATHSIG), and vLLM's engine core does not.
+
+So the replica starts this watchdog first, as its own process in its own session, holding the
+read end of a pipe whose write end only the replica has. While the pipe is open the watchdog
+keeps a list of the replica's descendants; when it reads end-of-file (the kernel closes the write
+end as the replica exits, even on SIGKILL) it stops every process on the list: SIGTERM, then
+SIGKILL after a grace period. It then exits itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import subprocess
+import sys
+from typing import IO
+
+import psutil
+
+POLL_S = 0.5
+GRACE_S = 5.0
+
+
+class Watchdog:
+    """The replica's side: a running watchdog and the pipe's write end."""
+
+    def __init__(self, period_s: float = POLL_S, grace_s: float = GRACE_S) -> None:
+        command = [sys.executable, "-m", __name__, str(os.getpid()), str(period_s), str(grace_s)]
+        # Its own session: a signal to the replica's process group does not end the watchdog
+        # before it has done its work. The pipe is not inheritable, so no later child of the
+        # replica keeps it open.
+        self._proc = subprocess.Popen(command, stdin=subprocess.PIPE, start_new_session=True)
+        self._pipe: IO[bytes] | None = self._proc.stdin
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def release(self, timeout_s: float = GRACE_S + 5) -> None:
+        """Close the pipe (as the replica's exit would) and wait for the watchdog to finish."""
+        if self._pipe is not None:
+            self._pipe.close()
+            self._pipe = None
+        try:
+            self._proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+
+
+def _descendants(parent: psutil.Process, me: int) -> dict[int, psutil.Process]:
+    try:
+        return {p.pid: p for p in parent.children(recursive=True) if p.pid != me}
+    except psutil.Error:
+        return {}
+
+
+def stop(processes: list[psutil.Process], grace_s: float) -> list[int]:
+    """SIGTERM, then SIGKILL what outlives the grace period; the pids that needed SIGKILL."""
+    alive = [p for p in processes if p.is_running()]  # psutil checks the pid was not reused
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, stubborn = psutil.wait_procs(alive, timeout=grace_s)
+    for p in stubborn:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(stubborn, timeout=grace_s)
+    return [p.pid for p in stubborn]
+
+
+def watch(parent_pid: int, period_s: float, grace_s: float) -> None:
+    me = os.getpid()
+    parent = psutil.Process(parent_pid)
+    seen: dict[int, psutil.Process] = {}
+    while True:
+        seen |= _descendants(parent, me)  # a process that already ended is skipped at stop()
+        readable, _, _ = select.select([sys.stdin.buffer], [], [], period_s)
+        if readable and not os.read(sys.stdin.fileno(), 4096):
+            break  # end of file: the replica closed the pipe or is gone
+    left = [p for p in seen.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    if left:  # to the replica's log: what its engine's shutdown (or its death) left running
+        names = ", ".join(f"{p.pid} {p.name()}" for p in left)
+        print(f"serve-app watchdog: replica {parent_pid} gone; ending {names}", file=sys.stderr)
+    stop(left, grace_s)
+
+
+if __name__ == "__main__":
+    watch(int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]))

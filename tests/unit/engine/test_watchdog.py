@@ -1,0 +1,96 @@
+"""The watchdog ends a process's descendants when that process ends, however it ends."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from serve_app.engine.watchdog import Watchdog, stop
+
+# A stand-in for a replica: starts the watchdog, then a child (the "engine core") that ignores
+# SIGTERM when asked, prints the pids and waits to be killed.
+REPLICA = """
+import subprocess, sys, time
+from serve_app.engine.watchdog import Watchdog
+dog = Watchdog(period_s=0.1, grace_s=1.0)
+trap = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"
+child = subprocess.Popen([sys.executable, "-c", trap if sys.argv[1] == "stubborn" else
+                          "import time; time.sleep(300)"])
+time.sleep(0.5)  # one poll of the watchdog's sees the child
+print(dog.pid, child.pid, flush=True)
+if sys.argv[2] == "release":
+    dog.release()
+    print("released", flush=True)
+time.sleep(300)
+"""
+
+
+def ended(p: psutil.Process) -> bool:
+    """Gone, or a zombie its parent has not reaped yet (it holds nothing but its pid)."""
+    try:
+        return p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def start_replica(*args: str) -> tuple[subprocess.Popen[str], psutil.Process, psutil.Process]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", REPLICA, *args], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    dog_pid, child_pid = map(int, proc.stdout.readline().split())
+    return proc, psutil.Process(dog_pid), psutil.Process(child_pid)
+
+
+@pytest.mark.parametrize("child", ["polite", "stubborn"])
+def test_a_killed_process_takes_its_descendants_with_it(child: str) -> None:
+    proc, dog, engine = start_replica(child, "keep")
+    try:
+        proc.send_signal(signal.SIGKILL)  # no cleanup code runs in the replica
+        proc.wait(5)
+        _, alive = psutil.wait_procs([engine, dog], timeout=10)
+        assert not alive, alive
+    finally:
+        for p in (engine, dog):
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+
+
+def test_release_ends_what_shutdown_left_and_the_watchdog() -> None:
+    proc, dog, engine = start_replica("polite", "release")
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "released"
+        assert ended(engine) and ended(dog)
+        assert proc.poll() is None  # the replica itself lives on
+    finally:
+        proc.kill()
+        proc.wait(5)
+
+
+def test_stop_kills_what_ignores_sigterm_and_skips_reused_pids() -> None:
+    trap = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    stubborn = subprocess.Popen([sys.executable, "-c", trap])
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    time.sleep(0.5)  # the trap is set
+    ghost = psutil.Process(gone.pid)
+    gone.wait(5)
+    try:
+        killed = stop([psutil.Process(stubborn.pid), ghost], grace_s=0.5)
+        assert killed == [stubborn.pid]
+        assert not psutil.pid_exists(stubborn.pid)
+    finally:
+        stubborn.kill()
+
+
+def test_a_watchdog_outlives_its_object_only_while_the_pipe_is_open() -> None:
+    dog = Watchdog(period_s=0.1, grace_s=0.5)
+    watcher = psutil.Process(dog.pid)
+    assert watcher.is_running()
+    dog.release()
+    assert not watcher.is_running()
