@@ -32,14 +32,23 @@ CLUSTER_OVERRIDES: dict[str, Any] = {
 }
 
 
+# A cluster's API is closed by default: keys come from the Secret serve-app-api-keys, which
+# cluster/rayservice.yaml mounts here on every Ray pod (cluster/ray-cluster.yaml copies a file).
+CLUSTER_API_KEYS_FILE = "/etc/serve-app/api-keys/keys"
+
+
 def cluster_serve_config(local: dict[str, Any]) -> dict[str, Any]:
-    """The local serve config with CLUSTER_OVERRIDES merged in (nested dicts merged by key)."""
+    """The local serve config with CLUSTER_OVERRIDES merged in (nested dicts merged by key) and
+    every application reading its API keys from CLUSTER_API_KEYS_FILE."""
     out = copy.deepcopy(local)
     for key, value in CLUSTER_OVERRIDES.items():
         if isinstance(value, dict):
             out[key] = {**out.get(key, {}), **value}
         else:
             out[key] = value
+    for app in out.get("applications", []):
+        args = app.setdefault("args", {})
+        args["auth"] = {**args.get("auth", {}), "api_keys_file": CLUSTER_API_KEYS_FILE}
     return out
 
 

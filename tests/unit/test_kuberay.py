@@ -108,3 +108,88 @@ def test_every_ray_container_runs_serve_in_the_apps_mode() -> None:
     for group in groups:
         env = {e["name"]: e["value"] for e in group["template"]["spec"]["containers"][0]["env"]}
         assert SERVE_ENV.items() <= env.items()
+
+
+def ray_pod_specs() -> list[dict[str, Any]]:
+    cluster = rayservice()["spec"]["rayClusterConfig"]
+    return [g["template"] for g in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]]
+
+
+def test_ray_token_authentication_is_on() -> None:
+    assert rayservice()["spec"]["rayClusterConfig"]["authOptions"] == {"mode": "token"}
+    launcher = yaml.safe_load((ROOT / "cluster" / "ray-cluster.yaml").read_text())
+    starts = launcher["head_start_ray_commands"] + launcher["worker_start_ray_commands"]
+    assert all("RAY_AUTH_MODE=token ray start" in c for c in starts if "ray start" in c)
+    assert "~/.ray/auth_token" in launcher["file_mounts"]
+
+
+def test_every_ray_pod_reads_the_api_keys_from_the_secret() -> None:
+    keys_dir, keys_name = kuberay.CLUSTER_API_KEYS_FILE.rsplit("/", 1)
+    for template in ray_pod_specs():
+        spec = template["spec"]
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        (mount,) = [
+            m for m in spec["containers"][0]["volumeMounts"] if m["mountPath"] == keys_dir
+        ]  # fmt: skip
+        assert mount["readOnly"] is True
+        assert volumes[mount["name"]]["secret"] == {"secretName": "serve-app-api-keys"}
+    for app in kuberay.serve_config_v2(RAYSERVICE.read_text())["applications"]:
+        assert app["args"]["auth"]["api_keys_file"] == kuberay.CLUSTER_API_KEYS_FILE
+    # the README's command creates the Secret with that key
+    assert f"--from-literal={keys_name}=" in (ROOT / "cluster" / "README.md").read_text()
+    launcher = yaml.safe_load((ROOT / "cluster" / "ray-cluster.yaml").read_text())
+    assert kuberay.CLUSTER_API_KEYS_FILE in launcher["file_mounts"]
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    assert set(selector) == {"matchLabels"}, selector  # the only form these files use
+    return bool(selector["matchLabels"].items() <= labels.items())
+
+
+def test_network_policy_admits_only_the_api_from_outside_the_ray_pods() -> None:
+    policy = yaml.safe_load((ROOT / "cluster" / "networkpolicy.yaml").read_text())
+    assert (policy["apiVersion"], policy["kind"]) == ("networking.k8s.io/v1", "NetworkPolicy")
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress"]
+    pod_labels = [t["metadata"]["labels"] for t in ray_pod_specs()]
+    assert all(_selects(spec["podSelector"], labels) for labels in pod_labels)
+    open_ports: dict[int, list[str]] = {}
+    for rule in spec["ingress"]:
+        ports = [p["port"] for p in rule.get("ports", [])]
+        sources = rule.get("from")
+        if sources is None:  # from anywhere: only the API
+            assert ports == [8000], rule
+            continue
+        for source in sources:
+            pods_only = "namespaceSelector" not in source and "ipBlock" not in source
+            if pods_only and all(_selects(source["podSelector"], lb) for lb in pod_labels):
+                continue  # the Ray pods themselves: every port
+            assert ports, f"a source outside the Ray pods reaches every port: {source}"
+            who = source.get("podSelector", {}).get("matchLabels", source)
+            for port in ports:
+                open_ports.setdefault(port, []).append(str(who))
+    # the control plane: the operator alone reaches the dashboard; GCS and client port nobody
+    assert set(open_ports) == {8265, 52365, 8080}, open_ports
+    assert open_ports[8265] == ["{'app.kubernetes.io/name': 'kuberay-operator'}"]
+
+
+def test_manifests_pass_kubernetes_schemas() -> None:
+    """The NetworkPolicy and each Ray pod template, checked strictly (unknown fields fail)
+    against the Kubernetes API's own schemas, as `kubectl apply --dry-run` would."""
+    import kubernetes_validate
+
+    version = "1.31.0"  # the oldest Kubernetes KubeRay 1.5 supports
+    policy = yaml.safe_load((ROOT / "cluster" / "networkpolicy.yaml").read_text())
+    kubernetes_validate.validate(policy, version, strict=True)
+    for template in ray_pod_specs():
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": template["metadata"]}
+        kubernetes_validate.validate({**pod, "spec": template["spec"]}, version, strict=True)
+
+
+def test_kubernetes_schema_check_catches_a_mistake() -> None:
+    import kubernetes_validate
+
+    policy = yaml.safe_load((ROOT / "cluster" / "networkpolicy.yaml").read_text())
+    policy["spec"]["ingress"][1]["ports"][0]["port"] = [8000]  # not an int or a name
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(policy, "1.31.0", strict=True)
