@@ -22,6 +22,7 @@ from serve_app.constants import BUILTIN_PREFIX, DEFAULT_MAX_TOKENS
 from serve_app.engine.replica import EngineReplica
 from serve_app.ingress.api import Ingress, IngressConfig, PoolInfo
 from serve_app.ingress.guard import AuthConfig, LimitsConfig
+from serve_app.ingress.truncation import HeadTail
 from serve_app.pool_state import PoolStateBoard
 from serve_app.profiles import (
     Platform,
@@ -62,6 +63,11 @@ class AppArgs(BaseModel):
         True,
         description="Report where each first token's time goes (Server-Timing header, the "
         "stream's final usage, per-stage histograms).",
+    )
+    truncation: HeadTail = Field(
+        default_factory=HeadTail,
+        description="What a request's `truncate_prompt: true` keeps of a longer prompt: its "
+        "first head_tokens and last tail_tokens (the ERNIE guides' 384 + 128).",
     )
     graceful_shutdown_timeout_s: float = Field(
         GRACEFUL_SHUTDOWN_TIMEOUT_S,
@@ -181,6 +187,7 @@ def build_app(raw_args: dict[str, Any]) -> Application:
         default_max_tokens=args.default_max_tokens,
         limits=args.limits,
         auth=args.auth,
+        truncation=args.truncation,
         server_timing=args.server_timing,
     )
     return (

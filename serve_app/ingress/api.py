@@ -50,6 +50,7 @@ from serve_app.ingress.guard import (
 )
 from serve_app.ingress.prompts import PromptRenderer
 from serve_app.ingress.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
+from serve_app.ingress.truncation import TRUNCATED_HEADER, HeadTail
 from serve_app.metrics import IngressMetrics, Outcome, outcome_of
 from serve_app.routing.config import Policy, RoutingConfig
 from serve_app.routing.estimator import DEFAULT_STEP_TOKENS, Load
@@ -114,6 +115,7 @@ class IngressConfig(BaseModel):
     # Where each first token's time goes (serve_app/timing.py): the Server-Timing header, the
     # stream's final usage event and the per-stage histograms.
     server_timing: bool = True
+    truncation: HeadTail = HeadTail()  # what a request's `truncate_prompt: true` keeps
 
 
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
@@ -173,6 +175,7 @@ class _Routed:
     # ms per stage of the first token's way (serve_app/timing.py); None when not timed
     stages: dict[str, float] | None = None
     first_at: float = 0.0  # perf_counter: the first chunk reached the ingress
+    truncated: int | None = None  # prompt tokens cut, when the request asked for truncation
 
     @property
     def headers(self) -> dict[str, str]:
@@ -184,6 +187,8 @@ class _Routed:
         }
         if self.stages is not None:
             headers[SERVER_TIMING_HEADER] = format_server_timing(self.stages)
+        if self.truncated is not None:
+            headers[TRUNCATED_HEADER] = str(self.truncated)
         return headers
 
     def first_chunk(self, chunk: StreamChunk, now: float) -> None:
@@ -525,9 +530,14 @@ class Ingress:
         request: Request,
     ) -> Response:
         max_tokens = max_tokens or self._config.default_max_tokens
+        truncation = body.truncation(self._config.truncation)
+        truncated = None
+        if truncation is not None:  # before routing: the router sees the length the engine will
+            ids, truncated = truncation.apply(ids)
         self._check_limits(len(ids), max_tokens)
         for attempt in range(2):
             routed = self._route(ids, max_tokens, request)
+            routed.truncated = truncated
             gen = GenerationRequest(
                 request_id=routed.request_id,
                 prompt_token_ids=ids,
@@ -593,6 +603,7 @@ class Ingress:
             last.finish_reason,
             last.prompt_tokens,
             last.completion_tokens,
+            routed.truncated,
         )
         if routed.stages is not None:
             routed.stages["total"] = elapsed_ms(routed.started, time.perf_counter())
@@ -702,5 +713,6 @@ class Ingress:
                 last.prompt_tokens,
                 last.completion_tokens,
                 routed.stages,
+                routed.truncated,
             )
         yield fmt.DONE

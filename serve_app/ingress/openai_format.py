@@ -12,12 +12,18 @@ class Kind(StrEnum):
     CHAT = "chat"
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
+def usage(
+    prompt_tokens: int, completion_tokens: int, truncated: int | None = None
+) -> dict[str, int]:
+    """OpenAI's usage; with how many prompt tokens head + tail truncation cut, when asked for."""
+    out = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if truncated is not None:
+        out["truncated_prompt_tokens"] = truncated
+    return out
 
 
 def _object(kind: Kind, stream: bool) -> str:
@@ -50,6 +56,7 @@ def full_response(
     finish_reason: str | None,
     prompt_tokens: int,
     completion_tokens: int,
+    truncated: int | None = None,
 ) -> dict[str, Any]:
     return {
         "id": request_id,
@@ -57,7 +64,7 @@ def full_response(
         "created": created,
         "model": model,
         "choices": [_choice(kind, text, finish_reason, stream=False)],
-        "usage": usage(prompt_tokens, completion_tokens),
+        "usage": usage(prompt_tokens, completion_tokens, truncated),
     }
 
 
@@ -95,9 +102,10 @@ def usage_event(
     prompt_tokens: int,
     completion: int,
     server_timing: dict[str, float] | None = None,
+    truncated: int | None = None,
 ) -> bytes:
     """The stream's usage; with the first token's breakdown (ms per stage) as an extension."""
-    final: dict[str, Any] = usage(prompt_tokens, completion)
+    final: dict[str, Any] = usage(prompt_tokens, completion, truncated)
     if server_timing is not None:
         final["server_timing"] = {name: round(ms, 3) for name, ms in server_timing.items()}
     return _stream_event(kind, request_id, created, model, choices=[], usage=final)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
+
+from serve_app.ingress.truncation import HeadTail
 
 _MAX_STOP = 4
 _MAX_STOP_CHARS = 256
@@ -41,6 +43,21 @@ class _SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=1, description="Only one choice per request is supported.")
     ignore_eos: bool = Field(False, description="vLLM extension: generate past end-of-sequence.")
+    truncate_prompt: StrictBool | HeadTail | None = Field(
+        None,
+        description=(
+            "serve-app extension: when the prompt is longer, keep its first head_tokens and "
+            "last tail_tokens and drop the middle. true: the endpoint's defaults (384 + 128 "
+            "unless serve_config.yaml sets `truncation`); an object: its own. usage reports "
+            "truncated_prompt_tokens, the header x-serve-truncated-tokens the same."
+        ),
+    )
+    truncate_prompt_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=1 << 20,
+        description="vLLM's: keep only the last N prompt tokens (truncate_prompt keeps both ends).",
+    )
 
     @field_validator("stop")
     @classmethod
@@ -58,6 +75,20 @@ class _SamplingFields(BaseModel):
         if self.stop is None:
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    @model_validator(mode="after")
+    def _one_truncation(self) -> Self:
+        if self.truncate_prompt not in (None, False) and self.truncate_prompt_tokens is not None:
+            raise ValueError("send truncate_prompt or truncate_prompt_tokens, not both")
+        return self
+
+    def truncation(self, default: HeadTail) -> HeadTail | None:
+        """The head + tail truncation asked for, if any (vLLM's field is a tail-only one)."""
+        if self.truncate_prompt_tokens is not None:
+            return HeadTail(head_tokens=0, tail_tokens=self.truncate_prompt_tokens)
+        if self.truncate_prompt is None or self.truncate_prompt is False:
+            return None
+        return default if self.truncate_prompt is True else self.truncate_prompt
 
     @property
     def include_usage(self) -> bool:

@@ -209,3 +209,48 @@ def test_ray_runs_on_loopback(app_server: AppServer) -> None:
 
     addresses = {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
     assert addresses == {"127.0.0.1"}
+
+
+def test_truncate_prompt_keeps_the_head_and_tail_of_a_long_prompt(app_server: AppServer) -> None:
+    """A prompt longer than every pool is refused; with truncate_prompt it is cut to the first
+    384 and last 128 tokens before routing, and the response says how many were cut."""
+    pasted = "The quick brown fox jumps over the lazy dog. " * 700  # ~7,000 tokens
+    messages = [{"role": "user", "content": pasted}]
+    with app_server.client() as c:
+        r = c.post("/v1/completions", json={"prompt": pasted, "max_tokens": 2})
+        assert r.status_code == 400, r.text  # longer than every pool's context
+        r = c.post(
+            "/v1/completions",
+            json={"prompt": pasted, "max_tokens": 2, "ignore_eos": True, "truncate_prompt": True},
+        )
+        assert r.status_code == 200, r.text
+        usage = r.json()["usage"]
+        assert usage["prompt_tokens"] == 384 + 128
+        assert usage["truncated_prompt_tokens"] > 5000
+        assert r.headers["x-serve-truncated-tokens"] == str(usage["truncated_prompt_tokens"])
+        # a chat, streamed, with its own head and tail: the usage event says the same
+        body = {
+            "messages": messages,
+            "max_tokens": 2,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "truncate_prompt": {"head_tokens": 100, "tail_tokens": 50},
+        }
+        with c.stream("POST", "/v1/chat/completions", json=body) as s:
+            assert s.status_code == 200
+            cut = int(s.headers["x-serve-truncated-tokens"])
+            (usage,) = [e["usage"] for e in sse_events(s) if e.get("usage")]
+        assert usage["prompt_tokens"] == 150 and usage["truncated_prompt_tokens"] == cut > 5000
+        # vLLM's own field keeps the tail only; a short prompt is not cut, and says so
+        r = c.post(
+            "/v1/completions",
+            json={"prompt": pasted, "max_tokens": 2, "truncate_prompt_tokens": 300},
+        )
+        assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 300
+        short = {"prompt": "hi", "max_tokens": 2, "truncate_prompt": True}
+        r = c.post("/v1/completions", json=short)
+        assert r.json()["usage"]["truncated_prompt_tokens"] == 0
+        assert r.headers["x-serve-truncated-tokens"] == "0"
+        r = c.post("/v1/completions", json={"prompt": "hi", "truncate_prompt": "yes"})
+        assert r.status_code == 400 and "truncate_prompt" in r.json()["error"]["param"]
