@@ -3,11 +3,12 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
+CHAT_PORT ?= 8001
 PYTEST_ARGS ?=
 # extra `serve-app run` flags, e.g. RUN_ARGS=--haproxy
 RUN_ARGS ?=
 
-.PHONY: venv system-deps run test unit lint typecheck dashboard clean
+.PHONY: venv venv-chat system-deps run chat test unit lint typecheck dashboard clean
 
 venv:
 	@VENV=$(VENV) bash scripts/install_venv.sh
@@ -18,7 +19,14 @@ system-deps:
 run: venv
 	$(PY) -m serve_app run serve_config.yaml --port $(PORT) $(RUN_ARGS)
 
-test: venv system-deps lint typecheck
+venv-chat:
+	@bash scripts/install_chat.sh
+
+# the chat page on 127.0.0.1:$(CHAT_PORT), talking to `make run`'s app on $(PORT)
+chat: venv venv-chat
+	$(PY) -m serve_app chat --app-url http://127.0.0.1:$(PORT) --port $(CHAT_PORT)
+
+test: venv venv-chat system-deps lint typecheck
 	$(PY) -m serve_app.observability check
 	$(PY) -m pytest $(PYTEST_ARGS)
 
@@ -36,4 +44,4 @@ dashboard: venv
 	$(PY) -m serve_app.observability write
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-chat .pytest_cache .mypy_cache .ruff_cache

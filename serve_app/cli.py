@@ -7,7 +7,6 @@ goes through `serve deploy`, exactly as on a real cluster.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shutil
 import signal
@@ -23,6 +22,8 @@ import httpx
 import psutil
 import yaml
 
+from serve_app.chat import launch as chat
+from serve_app.engine.watchdog import stop
 from serve_app.proxy_hooks import CALLBACK_ENV, CALLBACK_PATH
 
 LOOPBACK = "127.0.0.1"
@@ -212,15 +213,14 @@ def reap(processes: list[psutil.Process], grace_s: float = 15.0) -> list[int]:
     SIGTERM to this process alone (kill, systemd, docker stop, Kubernetes) did not.
     """
     _, alive = psutil.wait_procs(processes, timeout=grace_s)
-    for proc in alive:
-        with contextlib.suppress(psutil.Error):
-            proc.terminate()
-    _, alive_after = psutil.wait_procs(alive, timeout=5)
-    for proc in alive_after:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
     if alive:
-        print(f"serve-app: ended {len(alive)} process(es) left after Ray stopped", flush=True)
+        names = ", ".join(f"{p.pid} {p.info.get('name')}" for p in psutil.process_iter(["name"])
+                          if p in alive)  # fmt: skip
+        print(
+            f"serve-app: ending {len(alive)} process(es) left after Ray stopped: {names}",
+            flush=True,
+        )
+    stop(alive, grace_s=5)
     return [p.pid for p in alive]
 
 
@@ -239,9 +239,12 @@ def main(argv: list[str] | None = None) -> int:
         help="HAProxy in front of the ingress replicas instead of Serve's proxy (lower latency; "
         "its stats/metrics ports 8404/9101 listen on all interfaces)",
     )
+    chat.add_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "run":
         return _run(args)
+    if args.command == "chat":
+        return chat.run(args)
     return 2
 
 

@@ -11,7 +11,9 @@ So the replica starts this watchdog first, as its own process in its own session
 read end of a pipe whose write end only the replica has. While the pipe is open the watchdog
 keeps a list of the replica's descendants; when it reads end-of-file (the kernel closes the write
 end as the replica exits, even on SIGKILL) it stops every process on the list: SIGTERM, then
-SIGKILL after a grace period. It then exits itself.
+SIGKILL after a grace period. It then exits itself. A replica whose own parent (Ray's raylet)
+dies is cut off from Ray, which will neither use it nor stop it, while its worker can linger for
+minutes: the watchdog then ends it as well, engine first.
 """
 
 from __future__ import annotations
@@ -76,19 +78,36 @@ def stop(processes: list[psutil.Process], grace_s: float) -> list[int]:
     return [p.pid for p in stubborn]
 
 
+def _orphaned(parent: psutil.Process, first_ppid: int) -> bool:
+    """The replica's own parent (Ray's raylet, which started the worker) is gone."""
+    try:
+        return bool(parent.ppid() != first_ppid)
+    except psutil.Error:
+        return False  # the replica itself is gone: the pipe says so
+
+
 def watch(parent_pid: int, period_s: float, grace_s: float) -> None:
     me = os.getpid()
     parent = psutil.Process(parent_pid)
+    first_ppid: int = parent.ppid()
     seen: dict[int, psutil.Process] = {}
+    why = "gone"
     while True:
         seen |= _descendants(parent, me)  # a process that already ended is skipped at stop()
         readable, _, _ = select.select([sys.stdin.buffer], [], [], period_s)
         if readable and not os.read(sys.stdin.fileno(), 4096):
             break  # end of file: the replica closed the pipe or is gone
+        if _orphaned(parent, first_ppid):
+            # Ray's raylet died (node lost, `ray stop --force`): the replica is cut off from Ray
+            # and will not be asked to shut down; its worker can linger for minutes holding the
+            # engine. It ends too, after its engine.
+            seen[parent.pid] = parent
+            why = "cut off from Ray (its raylet is gone)"
+            break
     left = [p for p in seen.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     if left:  # to the replica's log: what its engine's shutdown (or its death) left running
         names = ", ".join(f"{p.pid} {p.name()}" for p in left)
-        print(f"serve-app watchdog: replica {parent_pid} gone; ending {names}", file=sys.stderr)
+        print(f"serve-app watchdog: replica {parent_pid} {why}; ending {names}", file=sys.stderr)
     stop(left, grace_s)
 
 

@@ -1,10 +1,13 @@
-"""`serve-app run` stopped the way service managers stop it leaves no process behind."""
+"""The command lines users run: `serve-app run` stopped the way service managers stop it leaves
+no process behind; the README's existing-cluster block works as written."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,6 +18,7 @@ import psutil
 import pytest
 import yaml
 
+from serve_app.engine.watchdog import stop
 from tests.integration.conftest import free_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
@@ -67,3 +71,52 @@ def test_sigterm_leaves_no_engine_behind(tmp_path: Path) -> None:
             with contextlib.suppress(psutil.Error):
                 p.kill()
         log.close()
+
+
+def readme_block(heading: str) -> str:
+    """The first bash block under a README heading, as a reader would paste it."""
+    section = (ROOT / "README.md").read_text().split(f"\n## {heading}\n", 1)[1]
+    return section.split("```bash\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.timeout(900)
+def test_readme_existing_cluster_block_runs_as_written(tmp_path: Path) -> None:
+    """After `make run` has run once, Ray has a token file and turns token auth on, and a plain
+    `serve deploy` failed with an authentication error: the README's block, pasted as is, must
+    deploy and serve."""
+    for port in (6379, 8265, 8000):  # the block uses Ray's and the config's default ports
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0, f"port {port} is taken"
+    venv_bin = str(Path(sys.executable).parent)
+    marker = f"readme-block-{time.time_ns()}"  # every process the block starts inherits it
+    env = {**os.environ, "PATH": f"{venv_bin}:{os.environ['PATH']}", "SERVE_APP_TEST": marker}
+    env.pop("RAY_AUTH_MODE", None)
+    # as after `make run`: Ray's token file exists
+    subprocess.run(["ray", "get-auth-token", "--generate"], env=env, check=True, timeout=60,
+                   capture_output=True)  # fmt: skip
+    script = "set -euo pipefail\n" + readme_block("On an existing Ray cluster")
+    try:
+        done = subprocess.run(
+            ["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
+        deadline = time.monotonic() + 400
+        ready = False
+        while time.monotonic() < deadline and not ready:
+            with contextlib.suppress(httpx.HTTPError):
+                ready = httpx.get("http://127.0.0.1:8000/ready", timeout=5).status_code == 200
+            time.sleep(2)
+        assert ready, "the app deployed by the README's block never got ready"
+        r = httpx.post(
+            "http://127.0.0.1:8000/v1/completions",
+            json={"prompt": "Hello", "max_tokens": 4, "ignore_eos": True},
+            timeout=60,
+        )
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4, r.text
+    finally:  # end what the block started (and only that): `ray stop` would end every Ray
+        ours = []
+        for p in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if p.environ().get("SERVE_APP_TEST") == marker:
+                    ours.append(p)
+        stop(ours, grace_s=10)

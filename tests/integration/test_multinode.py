@@ -241,12 +241,12 @@ def test_pools_spread_over_two_nodes_and_survive_losing_one(
 
         lost = [name for name, rs in where.items() if rs[0]["node_id"] == nodes["worker"]]
         lost_engines = [engine_core_of(name) for name in lost]
+        lost_replicas = [
+            next(p for p in e.parents() if "ServeReplica" in " ".join(p.cmdline()))
+            for e in lost_engines
+        ]
         cluster.worker_raylet().kill()  # the worker node's Ray process dies without warning
         killed_at = time.monotonic()
-        # Its replicas die with it, and so must their engines: on a node whose raylet died, no
-        # part of Ray is left to end them, and each would keep its GPU's memory.
-        _, engines_alive = psutil.wait_procs(lost_engines, timeout=15)
-        assert not engines_alive, f"{engines_alive} outlived their replicas"
         outcomes: list[tuple[float, bool]] = []
         recovered_s = None
         while time.monotonic() - killed_at < RECOVERY_TIMEOUT_S:
@@ -268,3 +268,15 @@ def test_pools_spread_over_two_nodes_and_survive_losing_one(
         assert {node for node, _ in slots} == {nodes["head"]}
         assert len(set(slots)) == 2 and all(gpus for _, gpus in slots)
         assert all(completion_ok(client) for _ in range(5))
+        # Its replicas exit once they notice (Ray's workers check on their raylet), and their
+        # engines must end with them: on a node whose raylet died no part of Ray is left to end
+        # them, and each would keep its GPU's memory.
+        _, replicas_alive = psutil.wait_procs(lost_replicas, timeout=90)
+        replicas_gone_s = time.monotonic() - killed_at
+        _, engines_alive = psutil.wait_procs(lost_engines, timeout=15)
+        print(
+            f"\nraylet killed: its replicas gone by {replicas_gone_s:.1f} s, their engines "
+            f"{'outlived them' if engines_alive else 'ended with them'}"
+        )
+        assert not replicas_alive, f"{replicas_alive} outlived their raylet by 90 s"
+        assert not engines_alive, f"{engines_alive} outlived their replicas"

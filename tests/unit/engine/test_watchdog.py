@@ -62,6 +62,33 @@ def test_a_killed_process_takes_its_descendants_with_it(child: str) -> None:
                 p.kill()
 
 
+# A stand-in for a raylet: the replica's parent, relaying the replica's line.
+RAYLET = f"""
+import subprocess, sys, time
+replica = subprocess.Popen([sys.executable, "-c", {REPLICA!r}, "polite", "keep"],
+                           stdout=subprocess.PIPE, text=True)
+print(replica.pid, replica.stdout.readline().strip(), flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_replica_whose_raylet_dies_ends_with_its_engine() -> None:
+    """Ray does not stop a replica whose raylet died; the watchdog ends it and its engine."""
+    raylet = subprocess.Popen([sys.executable, "-c", RAYLET], stdout=subprocess.PIPE, text=True)
+    assert raylet.stdout is not None
+    replica_pid, dog_pid, child_pid = map(int, raylet.stdout.readline().split())
+    procs = [psutil.Process(pid) for pid in (replica_pid, dog_pid, child_pid)]
+    try:
+        raylet.kill()
+        raylet.wait(5)
+        _, alive = psutil.wait_procs(procs, timeout=10)
+        assert not alive, alive
+    finally:
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+
+
 def test_release_ends_what_shutdown_left_and_the_watchdog() -> None:
     proc, dog, engine = start_replica("polite", "release")
     try:
