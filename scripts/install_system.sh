@@ -6,6 +6,7 @@ set -euo pipefail
 missing=()
 command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+fc-list 2>/dev/null | grep -qi "noto sans cjk" || missing+=(fonts-noto-cjk)  # Chinese text in the chat page's screenshot
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
   echo "missing: ${missing[*]}: install Debian's packages of those names (needs root and apt)" >&2

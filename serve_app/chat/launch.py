@@ -40,6 +40,7 @@ def command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         "CHAINLIT_APP_ROOT": str(CHAT_DIR),  # its .chainlit/config.toml and chainlit.md
         "SERVE_APP_URL": args.app_url,
+        "SERVE_APP_CHAT_MAX_TOKENS": str(args.max_tokens),
     }
     return argv, env
 
@@ -49,6 +50,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     chat.add_argument("--app-url", default="http://127.0.0.1:8000", help="the app's base URL")
     chat.add_argument("--host", default="127.0.0.1", help="where the page listens")
     chat.add_argument("--port", type=int, default=8001)
+    chat.add_argument("--max-tokens", type=int, default=256, help="the settings panel's start")
 
 
 def run(args: argparse.Namespace) -> int:

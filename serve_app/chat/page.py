@@ -25,13 +25,15 @@ APP_URL = os.environ.get("SERVE_APP_URL", "http://127.0.0.1:8000").rstrip("/")
 API_KEY = os.environ.get("SERVE_APP_API_KEY", "unused")  # the app's key, when it has keys
 READY_WAIT_S = float(os.environ.get("SERVE_APP_CHAT_READY_WAIT_S", "900"))
 READY_POLL_S = 5.0
+# the settings panel's starting values (serve-app chat --max-tokens sets the first)
+DEFAULTS = Settings(max_tokens=int(os.environ.get("SERVE_APP_CHAT_MAX_TOKENS", "256")))
 AUTHOR = "serve-app"
 
 client = AsyncOpenAI(base_url=f"{APP_URL}/v1", api_key=API_KEY, max_retries=0, timeout=600)
 
 
 def _panel() -> cl.ChatSettings:
-    defaults = Settings()
+    defaults = DEFAULTS
     return cl.ChatSettings(
         [
             Select(
@@ -183,7 +185,7 @@ async def _answer(history: list[ChatCompletionMessageParam], settings: Settings)
 @cl.on_message
 async def respond(message: cl.Message) -> None:
     history: list[ChatCompletionMessageParam] = cl.user_session.get("history") or []
-    settings: Settings = cl.user_session.get("settings") or Settings()
+    settings: Settings = cl.user_session.get("settings") or DEFAULTS
     history.append({"role": "user", "content": message.content})
     reply = await _answer(history, settings)
     if reply is None:

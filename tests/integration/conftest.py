@@ -6,6 +6,7 @@ shipped serve_config.yaml (only the ports change) and every test talks to it ove
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from collections.abc import Iterator
@@ -75,15 +76,36 @@ def stream_then_leave(
     return running, state
 
 
-def engine_core_of(pool: str) -> psutil.Process:
-    """The vLLM engine core process under the pool's replica (in a Ray these tests started)."""
-    for p in psutil.process_iter(["name", "cmdline"]):
-        title = " ".join(p.info["cmdline"] or [])
-        if f"ServeReplica:llm:pool-{pool}" in title:
-            for child in p.children(recursive=True):
-                if "EngineCore" in " ".join(child.cmdline() or [child.name()]):
-                    return child
+def engine_core_of(pool: str, under: psutil.Process | None = None) -> psutil.Process:
+    """The vLLM engine core of the pool's replica among the descendants of `under`: by default
+    this process, whose ray.init() started the shared app's Ray (other Ray instances on the
+    machine, such as the two-node test's, run apps of the same name)."""
+    root = under or psutil.Process()
+    for p in root.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if f"ServeReplica:llm:pool-{pool}" in " ".join(p.cmdline()):
+                for child in p.children(recursive=True):
+                    if "EngineCore" in " ".join(child.cmdline() or [child.name()]):
+                        return child
     raise LookupError(f"no engine core under pool {pool}")
+
+
+def wait_ended(processes: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Wait until each process is gone or a zombie (ended, but its parent has not collected
+    it: an orphan's new parent may never do so in a container); those still running."""
+
+    def running(p: psutil.Process) -> bool:
+        try:
+            return p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + timeout_s
+    alive = [p for p in processes if running(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive = [p for p in alive if running(p)]
+    return alive
 
 
 def app_statuses(dashboard_url: str) -> dict[str, Any]:

@@ -38,7 +38,10 @@ def chromium() -> str:
 def chat_page(app_url: str, tmp_path: Path) -> Iterator[str]:
     (port,) = free_ports(1)
     log = (tmp_path / f"chat-{port}.log").open("w")
-    cmd = [sys.executable, "-m", "serve_app", "chat", "--app-url", app_url, "--port", str(port)]
+    cmd = [
+        sys.executable, "-m", "serve_app", "chat", "--app-url", app_url, "--port", str(port),
+        "--max-tokens", "48",  # short answers: the whole conversation fits in one picture
+    ]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
@@ -62,19 +65,32 @@ def send(page, text: str) -> None:  # type: ignore[no-untyped-def]
     page.keyboard.press("Enter")
 
 
+# Records, in the page, every length the newest answer's text takes as the DOM changes: a
+# streamed answer grows through many; one delivered whole appears at once.
+WATCH_GROWTH = """() => {
+  window.__lengths = [];
+  if (window.__observer) return;
+  window.__observer = new MutationObserver(() => {
+    const answers = document.querySelectorAll('ANSWER');
+    if (!answers.length) return;
+    const n = answers[answers.length - 1].innerText.length, seen = window.__lengths;
+    if (!seen.length || seen[seen.length - 1] !== n) seen.push(n);
+  });
+  window.__observer.observe(document.body, {subtree: true, childList: true, characterData: true});
+}""".replace("ANSWER", ANSWER)
+
+
 def watch_answer(page, n: int, timeout_s: float = 180) -> tuple[str, list[int]]:  # type: ignore[no-untyped-def]
-    """Poll the n-th answer until its footer shows: its text, and the lengths it grew through."""
+    """Wait for the n-th answer's footer: its text, and the lengths the newest answer grew
+    through meanwhile (recorded in the page since WATCH_GROWTH was last run)."""
     deadline = time.monotonic() + timeout_s
-    lengths: list[int] = []
     while time.monotonic() < deadline:
         answers = page.locator(ANSWER)
         if answers.count() >= n:
             text = answers.nth(n - 1).inner_text()
             if FOOTER.search(text):
-                return text, lengths
-            if text and (not lengths or len(text) != lengths[-1]):
-                lengths.append(len(text))
-        time.sleep(0.02)
+                return text, page.evaluate("() => window.__lengths")
+        time.sleep(0.1)
     raise AssertionError(f"answer {n} never finished: {page.content()[-1500:]}")
 
 
@@ -85,19 +101,21 @@ def test_chat_page_streams_answers_and_shows_the_routing(
 
     with chat_page(app_server.url, tmp_path) as url, sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page = browser.new_page(viewport={"width": 1280, "height": 1400})
         page.goto(url)
         page.get_by_text(f"Connected to {app_server.url}").wait_for(timeout=60_000)
+        before = page.locator(ANSWER).count()  # the page's own messages so far
         seen = []
         for n, question in enumerate(["Hello! What can you do?", "你好，请介绍一下你自己。"], 1):
+            page.evaluate(WATCH_GROWTH)
             send(page, question)
-            text, lengths = watch_answer(page, n)
+            text, lengths = watch_answer(page, before + n)
             pool, reason, ttft = FOOTER.search(text).groups()  # type: ignore[union-attr]
             seen.append((pool, reason, int(ttft), lengths))
             print(f"\nanswer {n}: pool {pool}, route {reason}, TTFT {ttft} ms; "
-                  f"text grew through {len(lengths)} lengths before the footer")  # fmt: skip
+                  f"the answer's text took {len(lengths)} lengths on the page")  # fmt: skip
             assert pool in ("low-latency", "throughput") and int(ttft) > 0
-            assert len(lengths) >= 3, f"the answer did not stream: {lengths}"
+            assert len(lengths) >= 5, f"the answer did not stream: {lengths}"
             assert "tok/s" in text and "completion tokens" in text
         # the conversation kept its history: two questions, two answers on the page
         assert page.locator('[data-step-type="user_message"]').count() == 2
@@ -106,11 +124,16 @@ def test_chat_page_streams_answers_and_shows_the_routing(
             page.screenshot(path=os.environ[SCREENSHOT_ENV], full_page=True)
         # a TTFT target no pool can meet, set in the settings panel: the refusal is a message
         page.locator("#chat-settings-open-modal").click()
-        page.locator("#ttft_ms").fill("1")
+        target = page.locator("#ttft_ms")
+        target.fill("1")
         page.get_by_role("button", name="Confirm").click()
+        target.wait_for(state="hidden")
         send(page, "Answer within a millisecond.")
-        refusal = page.get_by_text("The app is busy (429 slo-unmeetable)")
-        refusal.wait_for(timeout=60_000)
+        refusal = page.get_by_text(re.compile(r"The app is busy \(429 slo-unmeetable\)"))
+        try:
+            refusal.wait_for(timeout=60_000)
+        finally:
+            page.screenshot(path=str(tmp_path / "refusal.png"))
         assert "Retry after" in refusal.inner_text()
         browser.close()
 

@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from serve_app.cli import SERVE_ENV
-from tests.integration.conftest import ROOT, engine_core_of, free_ports
+from tests.integration.conftest import ROOT, engine_core_of, free_ports, wait_ended
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -240,7 +240,7 @@ def test_pools_spread_over_two_nodes_and_survive_losing_one(
         assert holder.wait(timeout=60) == 0
 
         lost = [name for name, rs in where.items() if rs[0]["node_id"] == nodes["worker"]]
-        lost_engines = [engine_core_of(name) for name in lost]
+        lost_engines = [engine_core_of(name, under=cluster.worker_raylet()) for name in lost]
         lost_replicas = [
             next(p for p in e.parents() if "ServeReplica" in " ".join(p.cmdline()))
             for e in lost_engines
@@ -271,9 +271,9 @@ def test_pools_spread_over_two_nodes_and_survive_losing_one(
         # Its replicas exit once they notice (Ray's workers check on their raylet), and their
         # engines must end with them: on a node whose raylet died no part of Ray is left to end
         # them, and each would keep its GPU's memory.
-        _, replicas_alive = psutil.wait_procs(lost_replicas, timeout=90)
+        replicas_alive = wait_ended(lost_replicas, timeout_s=90)
         replicas_gone_s = time.monotonic() - killed_at
-        _, engines_alive = psutil.wait_procs(lost_engines, timeout=15)
+        engines_alive = wait_ended(lost_engines, timeout_s=15)
         print(
             f"\nraylet killed: its replicas gone by {replicas_gone_s:.1f} s, their engines "
             f"{'outlived them' if engines_alive else 'ended with them'}"
