@@ -75,7 +75,7 @@ def _panel() -> cl.ChatSettings:
             ),
             Switch(
                 id="truncate",
-                label="Truncate long prompts (first 384 + last 128 tokens)",
+                label="Cut long prompts to their head and tail (default 384 + 128 tokens)",
                 initial=defaults.truncate,
             ),
         ]
