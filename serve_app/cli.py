@@ -22,6 +22,7 @@ import httpx
 import psutil
 import yaml
 
+from serve_app import haproxy_loopback
 from serve_app.chat import launch as chat
 from serve_app.engine.watchdog import stop
 from serve_app.proxy_hooks import CALLBACK_ENV, CALLBACK_PATH
@@ -52,8 +53,9 @@ SERVE_ENV = {
 # HAProxy takes the HTTP port and forwards each connection straight to an ingress replica's own
 # HTTP server (direct ingress), so a request crosses one Python process fewer than through Serve's
 # proxy: at concurrency 1 that hop is most of the app's TTFT over `vllm serve`
-# (docs/results/streaming.md). Off by default: Ray binds HAProxy's stats and Prometheus frontends
-# (ports 8404 and 9101) on every interface, whatever http_options.host says.
+# (docs/results/streaming.md). Ray binds HAProxy's stats and Prometheus frontends (ports 8404
+# and 9101) on every interface, whatever http_options.host says: serve-app runs HAProxy through
+# serve_app/haproxy_loopback.py, which puts them on 127.0.0.1.
 HAPROXY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"}
 
 
@@ -143,8 +145,11 @@ def _run(args: argparse.Namespace) -> int:
     config = yaml.safe_load(Path(args.config).read_text())
     if args.port:
         config.setdefault("http_options", {})["port"] = args.port
+    launcher_dir: Path | None = None
     if args.haproxy:
         os.environ.update(HAPROXY_ENV)
+        launcher_dir = Path(tempfile.mkdtemp(prefix="serve-app-haproxy-"))
+        os.environ[haproxy_loopback.BINARY_ENV] = str(haproxy_loopback.write_launcher(launcher_dir))
     started = time.monotonic()
     http_url = http_url_of(config)
     _stop_on_signals()
@@ -180,6 +185,8 @@ def _run(args: argparse.Namespace) -> int:
             serve.shutdown()
             ray.shutdown()
         reap(started_here)
+        if launcher_dir is not None:
+            shutil.rmtree(launcher_dir, ignore_errors=True)
     return 0
 
 
@@ -237,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         "--haproxy",
         action="store_true",
         help="HAProxy in front of the ingress replicas instead of Serve's proxy (lower latency; "
-        "its stats/metrics ports 8404/9101 listen on all interfaces)",
+        "its stats/metrics ports 8404/9101 listen on 127.0.0.1)",
     )
     chat.add_parser(sub)
     args = parser.parse_args(argv)

@@ -35,10 +35,12 @@ def one_pool_config(port: int) -> dict[str, object]:
     return config
 
 
-def test_sigterm_leaves_no_engine_behind(tmp_path: Path) -> None:
-    """kill, systemd, docker stop and Kubernetes send SIGTERM to the main process only: the
-    engine core processes, which a terminal's Ctrl-C reaches through the process group, must
-    end too."""
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT", "serve shutdown"])
+def test_stopping_leaves_no_engine_behind(tmp_path: Path, how: str) -> None:
+    """kill, systemd, docker stop and Kubernetes send SIGTERM to the main process only, a shell's
+    `kill -INT` SIGINT: the engine core processes, which a terminal's Ctrl-C reaches through the
+    process group, must end too. `serve shutdown` removes the app and leaves Ray running: its
+    engines must end then, before Ray does."""
     http, dashboard, metrics = free_ports(3)
     config_path = tmp_path / "serve_config.yaml"
     config_path.write_text(yaml.safe_dump(one_pool_config(http)))
@@ -60,7 +62,16 @@ def test_sigterm_leaves_no_engine_behind(tmp_path: Path) -> None:
         seen = psutil.Process(proc.pid).children(recursive=True)
         engines = [p for p in seen if "EngineCore" in " ".join(p.cmdline()) + p.name()]
         assert engines, [p.name() for p in seen]
-        proc.send_signal(signal.SIGTERM)
+        if how == "serve shutdown":
+            serve = str(Path(sys.executable).with_name("serve"))
+            env = {**os.environ, "RAY_AUTH_MODE": "token"}
+            address = f"http://127.0.0.1:{dashboard}"
+            subprocess.run([serve, "shutdown", "-y", "--address", address], env=env,
+                           check=True, timeout=120, capture_output=True)  # fmt: skip
+            _, alive = psutil.wait_procs(engines, timeout=60)
+            assert not alive and proc.poll() is None, alive  # engines gone, Ray still up
+            seen = [p for p in seen if p.is_running()]
+        proc.send_signal(signal.SIGINT if how == "SIGINT" else signal.SIGTERM)
         assert proc.wait(timeout=120) == 0
         _, alive = psutil.wait_procs(seen, timeout=30)
         assert not alive, [(p.pid, p.name()) for p in alive]

