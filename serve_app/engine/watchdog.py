@@ -92,6 +92,7 @@ def watch(parent_pid: int, period_s: float, grace_s: float) -> None:
     first_ppid: int = parent.ppid()
     seen: dict[int, psutil.Process] = {}
     why = "gone"
+    cut_off = False
     while True:
         seen |= _descendants(parent, me)  # a process that already ended is skipped at stop()
         readable, _, _ = select.select([sys.stdin.buffer], [], [], period_s)
@@ -101,14 +102,31 @@ def watch(parent_pid: int, period_s: float, grace_s: float) -> None:
             # Ray's raylet died (node lost, `ray stop --force`): the replica is cut off from Ray
             # and will not be asked to shut down; its worker can linger for minutes holding the
             # engine. It ends too, after its engine.
-            seen[parent.pid] = parent
-            why = "cut off from Ray (its raylet is gone)"
+            cut_off = True
             break
-    left = [p for p in seen.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    if left:  # to the replica's log: what its engine's shutdown (or its death) left running
-        names = ", ".join(f"{p.pid} {p.name()}" for p in left)
+    left = [p for p in seen.values() if _running(p)]
+    if left or cut_off:  # to the replica's log: what its engine's shutdown or death left running
+        why = "cut off from Ray (its raylet is gone)" if cut_off else "gone"
+        names = ", ".join(_describe(p) for p in [*left, *([parent] if cut_off else [])])
         print(f"serve-app watchdog: replica {parent_pid} {why}; ending {names}", file=sys.stderr)
     stop(left, grace_s)
+    if cut_off:
+        stop([parent], grace_s)
+
+
+def _running(p: psutil.Process) -> bool:
+    """Still running: not gone, not a zombie (pid reuse is caught by psutil)."""
+    try:
+        return bool(p.is_running() and p.status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
+def _describe(p: psutil.Process) -> str:
+    try:
+        return f"{p.pid} {p.name()}"
+    except psutil.Error:
+        return str(p.pid)
 
 
 if __name__ == "__main__":
