@@ -7,6 +7,7 @@ goes through `serve deploy`, exactly as on a real cluster.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -205,9 +206,26 @@ def _stop_on_signals() -> None:
 
 
 def descendants() -> list[psutil.Process]:
-    """Every process this one started, directly or not (Ray's, its workers', the engines')."""
-    children: list[psutil.Process] = psutil.Process().children(recursive=True)
-    return children
+    """Every process this one started, directly or not (Ray's, its workers', the engines'),
+    and those that left the tree: a process whose parent dies is reparented to init, but what
+    Ray's workers start carries the environment variable RAY_RAYLET_PID of its node's raylet."""
+    tree: list[psutil.Process] = psutil.Process().children(recursive=True)
+    raylets = {str(p.pid) for p in tree if _name(p) == "raylet"}
+    known = {p.pid for p in tree}
+    for p in psutil.process_iter():
+        if p.pid in known or not raylets:
+            continue
+        with contextlib.suppress(psutil.Error):
+            if p.environ().get("RAY_RAYLET_PID") in raylets:
+                tree.append(p)
+    return tree
+
+
+def _name(p: psutil.Process) -> str:
+    try:
+        return str(p.name())
+    except psutil.Error:
+        return ""
 
 
 def reap(processes: list[psutil.Process], grace_s: float = 15.0) -> list[int]:

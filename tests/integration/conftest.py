@@ -173,6 +173,8 @@ def app_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppServer]:
     finally:
         # as `serve-app run` stops: engine cores of replicas Ray killed outlive ray.shutdown()
         started_here = descendants()
-        serve.shutdown()
-        ray.shutdown()
-        reap(started_here)
+        try:
+            serve.shutdown()
+            ray.shutdown()
+        finally:
+            reap(started_here)
