@@ -30,6 +30,7 @@ DEFAULTS = Settings(max_tokens=int(os.environ.get("SERVE_APP_CHAT_MAX_TOKENS", "
 AUTHOR = "serve-app"
 
 client = AsyncOpenAI(base_url=f"{APP_URL}/v1", api_key=API_KEY, max_retries=0, timeout=600)
+AUTH = {"Authorization": f"Bearer {API_KEY}"}  # for the app's own endpoints (/pools)
 
 
 def _panel() -> cl.ChatSettings:
@@ -125,16 +126,23 @@ async def start() -> None:
     values = await _panel().send()
     cl.user_session.set("settings", Settings.from_panel(values))
     cl.user_session.set("history", [])
-    if await wait_until_ready():
+    if not await wait_until_ready():
+        return
+    try:
         model = await _model()
-        cl.user_session.set("model", model)
-        async with httpx.AsyncClient(timeout=5) as http:
-            pools = sorted((await http.get(f"{APP_URL}/pools")).json())
-        await _say(
-            f"Connected to {APP_URL}: model `{model}`, engine pools {', '.join(pools)}. "
-            "The sliders icon by the input sets the SLO; under each answer: the pool that "
-            "served it and why."
-        )
+        async with httpx.AsyncClient(timeout=5, headers=AUTH) as http:
+            r = await http.get(f"{APP_URL}/pools")
+            r.raise_for_status()
+            pools = sorted(r.json())
+    except (APIError, httpx.HTTPError, ValueError) as e:  # e.g. a key the app refuses
+        await _say(f"Reached {APP_URL}, but it answered: {str(e)[:300]}")
+        return
+    cl.user_session.set("model", model)
+    await _say(
+        f"Connected to {APP_URL}: model `{model}`, engine pools {', '.join(pools)}. "
+        "The sliders icon by the input sets the SLO; under each answer: the pool that "
+        "served it and why."
+    )
 
 
 @cl.on_settings_update
@@ -144,12 +152,12 @@ async def update_settings(values: dict[str, Any]) -> None:
 
 async def _answer(history: list[ChatCompletionMessageParam], settings: Settings) -> str | None:
     """Stream one answer into the page; its text, or None when the app refused it."""
-    model = cl.user_session.get("model") or await _model()
-    cl.user_session.set("model", model)
     stats = TurnStats(sent_at=time.monotonic())
     create = client.chat.completions.with_raw_response.create
     for attempt in range(2):
         try:
+            model = cl.user_session.get("model") or await _model()
+            cl.user_session.set("model", model)
             raw = await create(model=model, messages=history, **settings.request())
             break
         except APIStatusError as e:
