@@ -110,7 +110,9 @@ def test_stop_kills_what_ignores_sigterm_and_skips_reused_pids() -> None:
     try:
         killed = stop([psutil.Process(stubborn.pid), ghost], grace_s=0.5)
         assert killed == [stubborn.pid]
-        assert not psutil.pid_exists(stubborn.pid)
+        # SIGKILLed: gone within seconds even on a loaded machine (TimeoutExpired if not)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            psutil.Process(stubborn.pid).wait(10)
     finally:
         stubborn.kill()
 
