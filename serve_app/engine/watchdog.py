@@ -104,7 +104,7 @@ def watch(parent_pid: int, period_s: float, grace_s: float) -> None:
             # engine. It ends too, after its engine.
             cut_off = True
             break
-    left = [p for p in seen.values() if _running(p)]
+    left = [p for p in seen.values() if running(p)]
     if left or cut_off:  # to the replica's log: what its engine's shutdown or death left running
         why = "cut off from Ray (its raylet is gone)" if cut_off else "gone"
         names = ", ".join(_describe(p) for p in [*left, *([parent] if cut_off else [])])
@@ -114,7 +114,7 @@ def watch(parent_pid: int, period_s: float, grace_s: float) -> None:
         stop([parent], grace_s)
 
 
-def _running(p: psutil.Process) -> bool:
+def running(p: psutil.Process) -> bool:
     """Still running: not gone, not a zombie (pid reuse is caught by psutil)."""
     try:
         return bool(p.is_running() and p.status() != psutil.STATUS_ZOMBIE)

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from serve_app.cli import descendants, reap, serve_deploy, start_local_ray
+from serve_app.engine.watchdog import running
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 300
@@ -93,13 +94,6 @@ def engine_core_of(pool: str, under: psutil.Process | None = None) -> psutil.Pro
 def wait_ended(processes: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
     """Wait until each process is gone or a zombie (ended, but its parent has not collected
     it: an orphan's new parent may never do so in a container); those still running."""
-
-    def running(p: psutil.Process) -> bool:
-        try:
-            return p.status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
-
     deadline = time.monotonic() + timeout_s
     alive = [p for p in processes if running(p)]
     while alive and time.monotonic() < deadline:

@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from serve_app.engine.watchdog import Watchdog, stop
+from serve_app.engine.watchdog import Watchdog, running, stop
 
 # A stand-in for a replica: starts the watchdog, then a child (the "engine core") that ignores
 # SIGTERM when asked, prints the pids and waits to be killed.
@@ -29,14 +29,6 @@ if sys.argv[2] == "release":
     print("released", flush=True)
 time.sleep(300)
 """
-
-
-def ended(p: psutil.Process) -> bool:
-    """Gone, or a zombie its parent has not reaped yet (it holds nothing but its pid)."""
-    try:
-        return p.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def start_replica(*args: str) -> tuple[subprocess.Popen[str], psutil.Process, psutil.Process]:
@@ -93,7 +85,7 @@ def test_release_ends_what_shutdown_left_and_the_watchdog() -> None:
     proc, dog, engine = start_replica("polite", "release")
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "released"
-        assert ended(engine) and ended(dog)
+        assert not running(engine) and not running(dog)
         assert proc.poll() is None  # the replica itself lives on
     finally:
         proc.kill()
