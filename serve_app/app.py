@@ -164,6 +164,8 @@ def build_app(raw_args: dict[str, Any]) -> Application:
     if args.auth.api_keys_file and not Path(args.auth.api_keys_file).is_file():
         raise ProfileError(f"auth.api_keys_file {args.auth.api_keys_file} does not exist")
     profiles = resolve_profiles(args, detect_platform())
+    served = args.served_model_name or _served_name(profiles[0].model)
+    profiles = [p.model_copy(update={"served_model_name": served}) for p in profiles]
     names = [p.name for p in profiles]
     board = (
         cast(Deployment, serve.deployment(PoolStateBoard))
@@ -173,7 +175,7 @@ def build_app(raw_args: dict[str, Any]) -> Application:
     pools = {p.name: _pool_deployment(p, board, args) for p in profiles}
     model = profiles[0].model
     config = IngressConfig(
-        served_model_name=args.served_model_name or _served_name(model),
+        served_model_name=served,
         model=model,
         pools={
             p.name: PoolInfo(

@@ -178,6 +178,11 @@ class ResolvedProfile(BaseModel):
     engine: EngineArgs
     pool: PoolSpec
     platform: Platform
+    served_model_name: str | None = None  # what clients call the model (default: `model`)
+
+    @property
+    def api_model_name(self) -> str:
+        return self.served_model_name or self.model
 
     @property
     def max_model_len(self) -> int:

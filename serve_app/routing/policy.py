@@ -57,7 +57,15 @@ class RejectReason(StrEnum):
 @dataclass(frozen=True, slots=True)
 class RequestFeatures:
     prompt_tokens: int
-    max_tokens: int
+    max_tokens: int  # the completion length latency is predicted for
+    # False: the request set no max_tokens; vLLM generates up to the rest of the context, so a
+    # pool fits when it holds the prompt (max_tokens is then only the length predicted)
+    max_tokens_set: bool = True
+
+    @property
+    def context_tokens(self) -> int:
+        """The context a pool must hold to take the request."""
+        return self.prompt_tokens + (self.max_tokens if self.max_tokens_set else 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,8 +188,7 @@ def decide(
     config: RoutingConfig,
     now: float,
 ) -> Decision:
-    need = features.prompt_tokens + features.max_tokens
-    long_enough = [p for p in pools if p.max_model_len >= need]
+    long_enough = [p for p in pools if p.max_model_len >= features.context_tokens]
     if not long_enough:
         return _length_reject(features, pools)
     live = [p for p in long_enough if p.replicas > 0 and now - p.updated_at <= STATS_STALE_AFTER_S]
@@ -245,9 +252,7 @@ def decide_plain(
     the request (`only` None), the one of them with the fewest requests per replica
     (`least_load`), or a single pool. None predicts latency or refuses for it."""
     candidates = [p for p in pools if only is None or p.name == only]
-    long_enough = [
-        p for p in candidates if p.max_model_len >= features.prompt_tokens + features.max_tokens
-    ]
+    long_enough = [p for p in candidates if p.max_model_len >= features.context_tokens]
     if not long_enough:
         return _length_reject(features, candidates)
     live = [p for p in long_enough if p.replicas > 0 and now - p.updated_at <= STATS_STALE_AFTER_S]

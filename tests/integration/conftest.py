@@ -153,6 +153,8 @@ def app_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppServer]:
     api_keys_file = tmp_path_factory.mktemp("auth") / "api-keys"
     api_keys_file.write_text("")
     config["applications"][0]["args"]["auth"] = {"api_keys_file": str(api_keys_file)}
+    # tests pin a pool per request (x-route-policy: single:<pool>), e.g. the API parity test
+    config["applications"][0]["args"]["routing"]["allow_policy_header"] = True
     server = AppServer(
         url=f"http://127.0.0.1:{config['http_options']['port']}",
         dashboard_url=dashboard,

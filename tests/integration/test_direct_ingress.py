@@ -19,7 +19,8 @@ import psutil
 import pytest
 import yaml
 
-from serve_app.bench.streaming import direct_ingress_url, stop_process, wait_ok
+from serve_app.bench.servers import stop_process, wait_ok
+from serve_app.bench.streaming import direct_ingress_url
 from tests.integration.conftest import ROOT, free_ports, stream_then_leave
 from tests.integration.test_app import MODEL, sse_events
 
