@@ -150,7 +150,8 @@ class IngressMetrics:
         if tpot_ms is not None:
             self.tpot.observe(tpot_ms, tags)
         self.slo.inc(1, {**tags, "result": "met" if slo_met else "missed"})
-        self.prompt_tokens.inc(prompt_tokens, {"pool": pool})
+        if prompt_tokens:
+            self.prompt_tokens.inc(prompt_tokens, {"pool": pool})
         if generated_tokens:
             self.generation_tokens.inc(generated_tokens, {"pool": pool})
 

@@ -20,7 +20,7 @@ from argparse import Namespace
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from starlette.datastructures import State
 from vllm import SamplingParams
 from vllm.config import VllmConfig
@@ -295,9 +295,15 @@ class RenderTier:
 
     @staticmethod
     def parse(kind: ApiKind, body: dict[str, Any]) -> Any:
-        """vLLM's request model for the body; raises pydantic's ValidationError."""
+        """vLLM's request model for the body, or vLLM's error (status, body) for what its
+        validators refuse with its own exceptions; raises pydantic's ValidationError."""
         model = ChatCompletionRequest if kind is ApiKind.CHAT else CompletionRequest
-        return model.model_validate(body)
+        try:
+            return model.model_validate(body)
+        except ValidationError:
+            raise
+        except _REQUEST_ERRORS as e:  # as vLLM's server answers them
+            return api_error(create_error_response(e))
 
     async def render(self, kind: ApiKind, request: Any) -> ApiCall | tuple[int, str]:
         """The request with its prompt rendered to tokens, or vLLM's error (status, body)."""
@@ -395,7 +401,8 @@ class _WatchedClient:
 
     A whole (not streamed) response asks the engine for its final output only; it is asked for
     cumulative outputs instead (the last one is the same final output), so that the first
-    token's time is seen when it happens.
+    token's time is seen when it happens (for one sample per request; with n > 1 the first
+    token is seen with the last).
     """
 
     def __init__(self, llm: AsyncLLM) -> None:
@@ -408,7 +415,8 @@ class _WatchedClient:
         watch = _WATCH.get()
         cumulative = False
         if watch is not None and isinstance(params, SamplingParams):
-            if params.output_kind == RequestOutputKind.FINAL_ONLY:
+            # (not with n > 1: vLLM then gathers the n samples' final outputs into one)
+            if params.output_kind == RequestOutputKind.FINAL_ONLY and params.n == 1:
                 params.output_kind = RequestOutputKind.CUMULATIVE
             cumulative = params.output_kind == RequestOutputKind.CUMULATIVE
         stream = self._llm.generate(prompt, params, request_id, *args, **kwargs)

@@ -449,7 +449,10 @@ class Ingress:
         except ValidationError as e:
             raise RequestValidationError(e.errors()) from None
         self._check_model(extensions.model)
-        rendered = await self._tier.render(kind, api_request)
+        if isinstance(api_request, tuple):
+            rendered: ApiCall | tuple[int, str] = api_request
+        else:
+            rendered = await self._tier.render(kind, api_request)
         if not isinstance(rendered, ApiCall):
             status, error = rendered
             self._count_refusal(status, request)
@@ -641,6 +644,9 @@ class Ingress:
         failed = False  # the stream raised: whoever answers the client counts the outcome
         try:
             async for chunk in stream:
+                if chunk.status != 200:  # vLLM's serving layer refused it: nothing to learn
+                    yield chunk
+                    return
                 if chunk.sent_at:
                     lag_ms = (time.time() - chunk.sent_at) * 1e3
                     if lag_ms > self._lag_ms.get(routed.pool, 0.0):

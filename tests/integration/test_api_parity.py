@@ -4,8 +4,8 @@
 every request goes to both (to the app's throughput pool, by `x-route-policy: single:throughput`)
 at temperature 0 or with a seed. Generated token ids, text, logprobs, finish reasons, usage and the
 shape of every response must match exactly; ids, timestamps, `system_fingerprint` and the app's
-own headers aside. A stream is compared by what its events carry in order (the app may merge two
-engine steps into one event under load; one request at a time it does not). The table of what was
+own headers aside. A stream is compared by what its events carry, merged per choice (vLLM's own
+server merges engine steps into one event when its reader is behind). The table of what was
 compared is written to $SERVE_APP_PARITY_REPORT when set (docs/results/api-parity.md).
 """
 
@@ -180,14 +180,43 @@ def _normal(value: Any) -> Any:
     return value
 
 
-def _events(response: httpx.Response) -> list[Any]:
-    """A stream's data events in order, parsed ([DONE] as the string)."""
-    out: list[Any] = []
+def _merge(into: Any, new: Any) -> Any:
+    """Two successive pieces of one choice of a stream as one: text and lists (tokens,
+    logprobs) concatenated, objects merged, a null leaving the value before it."""
+    if new is None:
+        return into
+    if isinstance(new, dict) and isinstance(into, dict):
+        return {k: _merge(into.get(k), new.get(k)) for k in {**into, **new}}
+    if isinstance(new, str | list) and isinstance(into, type(new)):
+        return into + new
+    return new
+
+
+def _events(response: httpx.Response) -> dict[str, Any]:
+    """A stream as what it carries: each choice's pieces merged in order (vLLM's own server
+    merges engine steps into one event when its reader is behind, so event boundaries vary
+    from run to run), the keys each choice's events had, the events' envelopes, and the
+    events without choices (usage, [DONE]) in order."""
+    choices: dict[int, Any] = {}
+    keys: dict[int, set[str]] = {}
+    envelopes: set[str] = set()
+    rest: list[Any] = []
     for line in response.iter_lines():
-        if line.startswith("data: "):
-            data = line.removeprefix("data: ")
-            out.append(data if data == "[DONE]" else _normal(json.loads(data)))
-    return out
+        if not line.startswith("data: "):
+            continue
+        data = line.removeprefix("data: ")
+        event = data if data == "[DONE]" else _normal(json.loads(data))
+        if not isinstance(event, dict) or not event.get("choices"):
+            rest.append(event)
+            continue
+        for choice in event["choices"]:
+            index = choice["index"]
+            choices[index] = _merge(choices.get(index), choice)
+            keys.setdefault(index, set()).update(choice)
+        envelope = {k: v for k, v in event.items() if k != "choices"}
+        envelopes.add(json.dumps(envelope, sort_keys=True))
+    shapes = {index: sorted(k) for index, k in keys.items()}
+    return {"choices": choices, "keys": shapes, "envelopes": sorted(envelopes), "rest": rest}
 
 
 def _send(client: httpx.Client, path: str, body: dict[str, Any], headers: dict[str, str]) -> Any:
@@ -215,8 +244,22 @@ def _near_the_limit(ref: httpx.Client, max_model_len: int) -> list[dict[str, str
     return [{"role": "user", "content": unit * k}]
 
 
+def _closing_bias(ref: httpx.Client) -> dict[str, int]:
+    """A logit bias toward the tokens that end JSON values and objects (by vLLM's /tokenize).
+    A random-weight model never closes a JSON string or object by itself (it writes whitespace
+    or string characters until max_tokens); with the bias it tends to, while the grammar of
+    response_format still decides which tokens are allowed at all."""
+    ids = [ref.post("/tokenize", json={"prompt": t}).json()["tokens"] for t in '":}']
+    return {str(i): 30 for token_ids in ids for i in token_ids}
+
+
+def _json_content(answer: dict[str, Any]) -> Any:
+    choice = answer["choices"][0]
+    return json.loads(choice["message"]["content"] if "message" in choice else choice["text"])
+
+
 def _generated_tokens(answer: Any) -> int:
-    events = answer if isinstance(answer, list) else [answer]
+    events = answer.get("rest", [answer])
     usages = [e["usage"] for e in events if isinstance(e, dict) and e.get("usage")]
     return int(usages[-1]["completion_tokens"]) if usages else 0
 
@@ -232,15 +275,20 @@ def test_the_app_answers_as_vllm_serve_does(
         httpx.Client(base_url=app_server.url, timeout=300) as app,
     ):
         near_limit = _near_the_limit(ref, profile.max_model_len)
+        bias = _closing_bias(ref)
         for name, (path, body) in CASES.items():
             if body.get("messages") == NEAR_LIMIT:
                 body = {**body, "messages": near_limit}
+            if "response_format" in body:
+                body = {**body, "logit_bias": bias}
             want_status, want = _send(ref, path, body, {})
             got_status, got = _send(app, path, body, APP_HEADERS)
             same = want_status == got_status and (want_status != 200 or want == got)
             if want_status != 200 and got_status == want_status:
                 # errors: same status, and ours names the parameter as an OpenAI error does
                 assert "error" in got and got["error"]["message"], got
+            if "response_format" in body and got_status == 200:
+                _json_content(got)  # what the app answered parses as JSON
             rows.append((name, path, want_status, got_status, _generated_tokens(want), same))
             if not same:
                 mismatches.append((name, want_status, want, got_status, got))
