@@ -73,6 +73,22 @@ def parse_server_timing(value: str) -> dict[str, float]:
     return out
 
 
+# A stream carries the whole breakdown, `emit` included, as an SSE comment before its end
+# (`: server-timing <header value>`): clients skip comments, so the events stay vLLM's own.
+STREAM_TIMING_PREFIX = f": {SERVER_TIMING_HEADER} ".encode()
+
+
+def stream_timing(stages: Mapping[str, float]) -> bytes:
+    return STREAM_TIMING_PREFIX + format_server_timing(stages).encode() + b"\n\n"
+
+
+def parse_stream_timing(line: bytes) -> dict[str, float] | None:
+    """The breakdown from a stream's timing comment line; None for any other line."""
+    if not line.startswith(STREAM_TIMING_PREFIX):
+        return None
+    return parse_server_timing(line[len(STREAM_TIMING_PREFIX) :].decode())
+
+
 def proxy_ms(stamp: str | None, now_wall_s: float) -> float | None:
     """The proxy stage from the proxy's stamp, or None when absent or not believable."""
     if not stamp:

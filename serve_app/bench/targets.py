@@ -29,7 +29,7 @@ from serve_app.profiles import (
     profiles_dir,
 )
 from serve_app.routing.config import SLOClass
-from serve_app.timing import SERVER_TIMING_HEADER, parse_server_timing
+from serve_app.timing import SERVER_TIMING_HEADER, parse_server_timing, parse_stream_timing
 
 
 @dataclass
@@ -201,13 +201,14 @@ class HTTPTarget:
                 async for raw in r.content:
                     now = time.perf_counter()
                     line = raw.strip()
+                    if (stages := parse_stream_timing(line)) is not None:
+                        sample.stages = stages  # the whole breakdown, emit included
+                        continue
                     if not line.startswith(b"data: ") or line == b"data: [DONE]":
                         continue
                     event = json.loads(line[6:])
                     if usage := event.get("usage"):
                         sample.output_tokens = usage["completion_tokens"]
-                        if "server_timing" in usage:  # the whole breakdown, emit included
-                            sample.stages = usage["server_timing"]
                     # a chunk is a token arrival even when its text is empty (a token that
                     # decodes to nothing yet, e.g. part of a multi-byte character)
                     if event.get("choices"):

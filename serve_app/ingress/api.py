@@ -73,6 +73,7 @@ from serve_app.timing import (
     elapsed_ms,
     format_server_timing,
     proxy_ms,
+    stream_timing,
 )
 
 logger = logging.getLogger("ray.serve")
@@ -714,8 +715,7 @@ class Ingress:
                 self._metrics.stages(routed.pool, routed.slo.slo_class, {Stage.EMIT: emit_ms})
             async for chunk in rest:
                 if chunk.data == DONE and routed.stages is not None:
-                    timing = format_server_timing(routed.stages)
-                    yield f": {SERVER_TIMING_HEADER} {timing}\n\n".encode()
+                    yield stream_timing(routed.stages)
                 yield _event(chunk, routed.truncated)
         except Exception as e:
             # Headers are sent: the error travels as an event, then the stream ends.

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from serve_app.timing import Stage, parse_server_timing
+from serve_app.timing import Stage, parse_server_timing, parse_stream_timing
 from tests.integration.conftest import AppServer, stream_then_leave
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -17,8 +17,12 @@ MODEL = "ernie-4.5-tiny"
 
 
 def sse_events(response: httpx.Response) -> list[dict[str, Any]]:
+    """The data events, and the timing comment as {"server_timing": {stage: ms}}."""
     events = []
     for line in response.iter_lines():
+        if (timing := parse_stream_timing(line.encode())) is not None:
+            events.append({"server_timing": timing})
+            continue
         if not line.startswith("data: "):
             continue
         data = line.removeprefix("data: ")
@@ -92,7 +96,8 @@ def test_chat_completion(app_server: AppServer) -> None:
         )
     assert r.status_code == 200, r.text
     body = r.json()
-    assert body["object"] == "chat.completion"
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    assert len(r.headers.get_list("x-request-id")) == 1
     assert body["choices"][0]["message"]["role"] == "assistant"
     assert body["usage"]["completion_tokens"] == 8
 
@@ -117,11 +122,11 @@ def test_stream_deltas_equal_the_non_streamed_text(app_server: AppServer) -> Non
             assert r.headers["content-type"].startswith("text/event-stream")
             events = sse_events(r)
     assert events[-1] == {"done": True}
-    usage = events[-2]
-    timing = usage["usage"].pop("server_timing")
+    timing = events[-2]["server_timing"]
+    usage = events[-3]
     assert usage["choices"] == [] and usage["usage"] == full["usage"]
     assert timing["emit"] >= 0 and timing["ttft"] > 0
-    chunks = events[:-2]
+    chunks = events[:-3]
     assert "".join(e["choices"][0]["text"] for e in chunks) == full["choices"][0]["text"]
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
 

@@ -3,7 +3,7 @@
 import pytest
 from pydantic import ValidationError
 
-from serve_app.ingress.schemas import ChatCompletionRequest, CompletionRequest
+from serve_app.ingress.schemas import Extensions
 from serve_app.ingress.truncation import HeadTail
 
 GUIDES = HeadTail()  # 384 + 128
@@ -30,19 +30,20 @@ def test_head_only_and_tail_only() -> None:
         HeadTail(head_tokens=0, tail_tokens=0)
 
 
-def test_requests_ask_with_true_an_object_or_vllm_s_field() -> None:
+def test_requests_ask_with_true_or_an_object() -> None:
     default = HeadTail(head_tokens=4, tail_tokens=2)
-    assert CompletionRequest(prompt="x").truncation(default) is None
-    assert CompletionRequest(prompt="x", truncate_prompt=False).truncation(default) is None
-    assert CompletionRequest(prompt="x", truncate_prompt=True).truncation(default) == default
-    own = CompletionRequest.model_validate(
-        {"prompt": "x", "truncate_prompt": {"head_tokens": 7, "tail_tokens": 1}}
-    )
-    assert own.truncation(default) == HeadTail(head_tokens=7, tail_tokens=1)
-    chat = ChatCompletionRequest.model_validate(
-        {"messages": [{"role": "user", "content": "x"}], "truncate_prompt_tokens": 5}
-    )
-    assert chat.truncation(default) == HeadTail(head_tokens=0, tail_tokens=5)
+    assert Extensions.take({"prompt": "x"}).truncation(default) is None
+    assert Extensions.take({"truncate_prompt": False}).truncation(default) is None
+    assert Extensions.take({"truncate_prompt": True}).truncation(default) == default
+    body = {"prompt": "x", "truncate_prompt": {"head_tokens": 7, "tail_tokens": 1}}
+    assert Extensions.take(body).truncation(default) == HeadTail(head_tokens=7, tail_tokens=1)
+    assert body == {"prompt": "x"}  # taken out of the body vLLM's models see
+
+
+def test_vllm_s_own_tail_truncation_is_left_to_vllm() -> None:
+    body = {"messages": [{"role": "user", "content": "x"}], "truncate_prompt_tokens": 5}
+    assert Extensions.take(body).truncation(HeadTail()) is None
+    assert body["truncate_prompt_tokens"] == 5
 
 
 @pytest.mark.parametrize(
@@ -52,10 +53,9 @@ def test_requests_ask_with_true_an_object_or_vllm_s_field() -> None:
         {"truncate_prompt": "yes"},
         {"truncate_prompt": {"head_tokens": -1}},
         {"truncate_prompt": {"head": 3}},  # unknown key
-        {"truncate_prompt_tokens": 0},
         {"truncate_prompt": True, "truncate_prompt_tokens": 5},
     ],
 )
 def test_bad_truncation_requests_are_refused(fields: dict[str, object]) -> None:
     with pytest.raises(ValidationError):
-        CompletionRequest.model_validate({"prompt": "x", **fields})
+        Extensions.take({"prompt": "x", **fields})
