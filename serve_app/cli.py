@@ -121,20 +121,33 @@ def serve_deploy(config: dict[str, Any], dashboard_url: str) -> None:
         os.unlink(f.name)
 
 
-def wait_ready(http_url: str, timeout_s: float, poll_s: float = 1.0) -> float:
-    """Poll /ready until 200; returns seconds waited. Raises TimeoutError with the last status."""
+def wait_ok(
+    url: str,
+    timeout_s: float,
+    poll_s: float = 1.0,
+    proc: subprocess.Popen[bytes] | None = None,
+    seen: list[tuple[int, dict[str, str], str]] | None = None,
+) -> float:
+    """Poll url until it answers 200; returns the seconds waited. Fails at once when `proc`
+    (the server being waited for) exits first; `seen` collects every answer (status, headers,
+    body). Raises TimeoutError with the last answer. The one readiness poller of the app, its
+    benchmarks and tests."""
     started = time.monotonic()
     last = "no answer"
     while time.monotonic() - started < timeout_s:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before {url} was ready")
         try:
-            r = httpx.get(f"{http_url}/ready", timeout=5)
+            r = httpx.get(url, timeout=5)
+            if seen is not None:
+                seen.append((r.status_code, dict(r.headers), r.text))
             if r.status_code == 200:
                 return time.monotonic() - started
             last = f"{r.status_code} {r.text[:200]}"
         except httpx.HTTPError as e:
             last = type(e).__name__
         time.sleep(poll_s)
-    raise TimeoutError(f"app not ready after {timeout_s:.0f} s (last: {last})")
+    raise TimeoutError(f"{url} not ready after {timeout_s:.0f} s (last: {last})")
 
 
 def http_url_of(config: dict[str, Any]) -> str:
@@ -160,7 +173,7 @@ def _run(args: argparse.Namespace) -> int:
         )
         _stop_on_signals()  # again: starting Ray installs its own SIGTERM handler (which aborts)
         serve_deploy(config, dashboard)
-        waited = wait_ready(http_url, args.ready_timeout_s)
+        waited = wait_ok(f"{http_url}/ready", args.ready_timeout_s)
         print(
             f"\nserve-app ready at {http_url} ({time.monotonic() - started:.1f} s after start, "
             f"{waited:.1f} s of it loading engines)\n"

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import aiohttp
 
+from serve_app.bench.stats import percentiles
+
 TIMEOUT_S = 300
 
 
@@ -40,13 +42,6 @@ async def _one(
                 ttft = (time.perf_counter() - started) * 1e3
         latency_ms = (time.perf_counter() - started) * 1e3
         return Result(r.status, latency_ms, ttft, r.headers.get("retry-after"))
-
-
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
 
 
 async def flood(url: str, n: int, slo_class: str, max_tokens: int) -> dict[str, object]:
@@ -76,16 +71,8 @@ async def flood(url: str, n: int, slo_class: str, max_tokens: int) -> dict[str, 
         "refused_with_retry_after": sum(
             1 for r in results if r.status in (429, 503) and r.retry_after
         ),
-        "refusal_ms": {
-            "p50": _pct(refused, 0.5),
-            "p99": _pct(refused, 0.99),
-            "max": max(refused, default=None),
-        },
-        "admitted_ttft_ms": {
-            "p50": _pct(ttfts, 0.5),
-            "p99": _pct(ttfts, 0.99),
-            "max": max(ttfts, default=None),
-        },
+        "refusal_ms": {**percentiles(refused), "max": max(refused, default=None)},
+        "admitted_ttft_ms": {**percentiles(ttfts), "max": max(ttfts, default=None)},
         "wall_s": wall_s,
     }
 

@@ -23,146 +23,18 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import psutil
-import yaml
 
 from serve_app.app import _served_name
-from serve_app.bench.servers import (
-    LOOPBACK,
-    Server,
-    stop_process,
-    vllm_serve,
-    wait_ok,
-)
-from serve_app.profiles import (
-    ResolvedProfile,
-    detect_platform,
-    find_profile,
-    load_profile,
-    profiles_dir,
-)
+from serve_app.bench.servers import Server, servers
+from serve_app.profiles import ResolvedProfile
 
 ROOT = Path(__file__).resolve().parents[2]
 METRICS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms")
-
-
-def _bench_profile(profile_path: Path, out_dir: Path) -> Path:
-    """The profile with its pool fixed at one replica that takes every request at once."""
-    raw = yaml.safe_load(profile_path.read_text())
-    raw["pool"] = {
-        **raw.get("pool", {}),
-        "min_replicas": 1,
-        "max_replicas": 1,
-        "max_ongoing_requests": 4096,
-        "target_waiting_per_replica": None,
-    }
-    path = out_dir / profile_path.name
-    path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    return path
-
-
-def _app_config(
-    profile: str, profiles: Path, port: int, server_timing: bool = True
-) -> dict[str, Any]:
-    config: dict[str, Any] = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
-    config["http_options"]["port"] = port
-    args = config["applications"][0]["args"]
-    args["server_timing"] = server_timing
-    args["profiles"] = [profile]
-    args["profiles_dir"] = str(profiles)
-    args["routing"]["default_class"] = "batch"
-    args["routing"]["max_waiting_per_replica"] = 100_000
-    args["routing"]["priors"] = {k: v for k, v in args["routing"]["priors"].items() if k == profile}
-    return config
-
-
-@contextmanager
-def servers(
-    profile_name: str,
-    ports: tuple[int, int, int, int],
-    log_dir: Path,
-    app_env: dict[str, str],
-    vllm_env: dict[str, str],
-    vllm_args: list[str],
-    haproxy: bool = False,
-    direct_ingress: bool = False,
-    server_timing: bool = True,
-) -> Iterator[tuple[list[Server], ResolvedProfile]]:
-    """`vllm serve` and the app, ready; both stopped on exit. With haproxy the app runs behind
-    HAProxy (`serve-app run --haproxy`) and Serve's fallback proxy is a target too; with
-    direct_ingress the app's ingress replica's own port is one."""
-    vllm_port, app_port, dashboard_port, metrics_port = ports
-    source = find_profile(profile_name, profiles_dir())
-    profiles = Path(tempfile.mkdtemp(prefix="bench-profiles-"))
-    bench_path = _bench_profile(source, profiles)
-    profile = load_profile(bench_path).resolve(detect_platform())
-    config_path = profiles / "serve_config.yaml"
-    app_config = _app_config(profile.name, profiles, app_port, server_timing)
-    config_path.write_text(yaml.safe_dump(app_config))
-    app_cmd = [
-        sys.executable, "-m", "serve_app", "run", str(config_path), "--port", str(app_port),
-        "--dashboard-port", str(dashboard_port), "--metrics-port", str(metrics_port),
-        *(["--haproxy"] if haproxy else []),
-    ]  # fmt: skip
-    log_dir.mkdir(parents=True, exist_ok=True)
-    with (log_dir / "app.log").open("wb") as alog:
-        vllm = vllm_serve(profile, vllm_port, log_dir / "vllm-serve.log", vllm_args, vllm_env)
-        if direct_ingress:
-            app_env = {**app_env, "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"}
-        app = subprocess.Popen(
-            app_cmd, env={**os.environ, **app_env}, stdout=alog, stderr=subprocess.STDOUT
-        )
-        try:
-            wait_ok(f"http://{LOOPBACK}:{vllm_port}/health", vllm, 900)
-            wait_ok(f"http://{LOOPBACK}:{app_port}/ready", app, 900)
-            targets = [
-                Server("vllm serve", f"http://{LOOPBACK}:{vllm_port}", vllm),
-                Server("app", f"http://{LOOPBACK}:{app_port}", app),
-            ]
-            if haproxy:
-                fallback = f"http://{LOOPBACK}:{FALLBACK_PROXY_PORT}"
-                wait_ok(f"{fallback}/ready", app, 60)
-                targets.append(Server("app serve-proxy", fallback, app))
-            if direct_ingress:
-                targets.append(Server("app direct", direct_ingress_url(app.pid), app))
-            yield targets, profile
-        finally:
-            stop_process(app)
-            stop_process(vllm)
-
-
-# Behind HAProxy, Serve's proxy stays up as HAProxy's fallback on this port (Ray's default).
-FALLBACK_PROXY_PORT = 8500
-# Serve's direct ingress gives each ingress replica its own HTTP port from this range.
-DIRECT_INGRESS_PORTS = range(30000, 31001)
-
-
-def direct_ingress_url(app_root: int, timeout_s: float = 60) -> str:
-    """The HTTP address of the app's (first) ingress replica under Serve's direct ingress."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for proc in psutil.Process(app_root).children(recursive=True):
-            try:
-                if "ServeReplica:llm:Ingress" not in " ".join(proc.cmdline()):
-                    continue
-                ports = sorted(
-                    c.laddr.port
-                    for c in proc.net_connections(kind="tcp")
-                    if c.status == psutil.CONN_LISTEN and c.laddr.port in DIRECT_INGRESS_PORTS
-                )
-            except psutil.Error:
-                continue
-            if ports:
-                return f"http://{LOOPBACK}:{ports[0]}"
-        time.sleep(1)
-    raise TimeoutError("no ingress replica listens on a direct-ingress port")
 
 
 ROLES = (

@@ -19,7 +19,7 @@ import psutil
 import pytest
 import yaml
 
-from serve_app.cli import descendants, reap, serve_deploy, start_local_ray
+from serve_app.cli import descendants, reap, serve_deploy, start_local_ray, wait_ok
 from serve_app.engine.watchdog import running
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,18 +123,7 @@ def redeploy(server: AppServer, config: dict[str, Any]) -> None:
 
 
 def _wait_ready(server: AppServer) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    with httpx.Client(timeout=5) as client:
-        while time.monotonic() < deadline:
-            try:
-                r = client.get(f"{server.url}/ready")
-                server.ready_seen.append((r.status_code, dict(r.headers), r.text))
-                if r.status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-    raise TimeoutError(f"app not ready in {READY_TIMEOUT_S} s: {server.ready_seen[-3:]}")
+    wait_ok(f"{server.url}/ready", READY_TIMEOUT_S, poll_s=0.5, seen=server.ready_seen)
 
 
 @pytest.fixture(scope="session")

@@ -1,12 +1,8 @@
-"""The app answers as `vllm serve` does: the same requests to both, identical engine arguments.
+"""The app answers as `vllm serve` does (serve_app/bench/parity.py: the requests and the rules).
 
 `vllm serve` runs beside the shared app with the throughput profile's engine arguments (CPU);
-every request goes to both (to the app's throughput pool, by `x-route-policy: single:throughput`)
-at temperature 0 or with a seed. Generated token ids, text, logprobs, finish reasons, usage and the
-shape of every response must match exactly; ids, timestamps, `system_fingerprint` and the app's
-own headers aside. A stream is compared by what its events carry, merged per choice (vLLM's own
-server merges engine steps into one event when its reader is behind). The table of what was
-compared is written to $SERVE_APP_PARITY_REPORT when set (docs/results/api-parity.md).
+every request goes to both (to the app's throughput pool, by `x-route-policy`). The table is
+written to $SERVE_APP_PARITY_REPORT when set (docs/results/api-parity.md).
 """
 
 from __future__ import annotations
@@ -15,13 +11,13 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-from serve_app.bench.servers import stop_process, vllm_serve, wait_ok
-from serve_app.cli import descendants, reap
+from serve_app.bench.parity import CASES, compare, json_content, table
+from serve_app.bench.servers import stop_process, vllm_serve
+from serve_app.cli import descendants, reap, wait_ok
 from serve_app.profiles import (
     ResolvedProfile,
     detect_platform,
@@ -35,122 +31,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 POOL = "throughput"
 APP_HEADERS = {"x-route-policy": f"single:{POOL}", "x-slo-class": "batch"}
-IGNORED = {"id", "created", "system_fingerprint"}
-PROMPT = "The quick brown fox jumps over the lazy dog. 春眠不觉晓，处处闻啼鸟。"
-CHAT = [{"role": "user", "content": PROMPT}]
-SCHEMA = {
-    "type": "object",
-    "properties": {"answer": {"type": "boolean"}},
-    "required": ["answer"],
-    "additionalProperties": False,
-}
-
-
-def _c(**fields: Any) -> tuple[str, dict[str, Any]]:
-    return "/v1/completions", {"prompt": PROMPT, "max_tokens": 8, "temperature": 0, **fields}
-
-
-def _chat(**fields: Any) -> tuple[str, dict[str, Any]]:
-    return "/v1/chat/completions", {"messages": CHAT, "max_tokens": 8, "temperature": 0, **fields}
-
-
-NEAR_LIMIT = "a prompt that leaves ROOM tokens of the context"
-ROOM = 6
-STREAM = {"stream": True, "stream_options": {"include_usage": True}}
-TOOL = {
-    "type": "function",
-    "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}},
-}
-CASES: dict[str, tuple[str, dict[str, Any]]] = {
-    "completion": _c(),
-    "completion default max_tokens": _c(max_tokens=None),
-    "completion token-id prompt": _c(prompt=[76, 292, 346, 1725, 5, 6, 7]),
-    "completion two prompts": _c(prompt=[PROMPT, "Hello"]),
-    "completion logprobs 2": _c(logprobs=2),
-    "completion echo": _c(echo=True),
-    "completion echo + logprobs": _c(echo=True, logprobs=1),
-    "completion prompt_logprobs": _c(prompt_logprobs=1),
-    "completion stop_token_ids": _c(stop_token_ids=[1, 2], max_tokens=16),
-    "completion min_tokens + stop": _c(min_tokens=4, stop=["有"], max_tokens=12),
-    "completion stop string": _c(stop=["a", "的"], max_tokens=16),
-    "completion presence/frequency": _c(presence_penalty=1.5, frequency_penalty=0.5),
-    "completion repetition_penalty": _c(repetition_penalty=1.3),
-    "completion logit_bias": _c(logit_bias={"100": 100}),
-    "completion seed sampled": _c(temperature=1.0, seed=7, max_tokens=12),
-    "completion top_k/top_p seed": _c(temperature=0.8, top_k=5, top_p=0.9, seed=3),
-    "completion n=2 seed": _c(temperature=1.0, seed=11, n=2),
-    "completion return_token_ids": _c(return_token_ids=True),
-    "completion ignore_eos": _c(ignore_eos=True, max_tokens=10),
-    "completion json_schema": _c(
-        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}},
-        max_tokens=40,
-    ),
-    "completion structured choice": _c(structured_outputs={"choice": ["yes", "no"]}),
-    "completion stream": _c(**STREAM),
-    "completion stream logprobs": _c(logprobs=1, **STREAM),
-    "completion stream echo": _c(echo=True, **STREAM),
-    "chat": _chat(),
-    # a prompt a few tokens short of the context, no max_tokens: vLLM generates to the end
-    "chat default max_tokens (rest of context)": _chat(
-        messages=NEAR_LIMIT, max_tokens=None, ignore_eos=True
-    ),
-    "chat content parts": _chat(
-        messages=[
-            {
-                "role": "user",
-                "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": PROMPT}],
-            }
-        ]
-    ),
-    "chat system + developer": _chat(
-        messages=[
-            {"role": "system", "content": "Be brief."},
-            {"role": "developer", "content": "Answer in English."},
-            *CHAT,
-        ]
-    ),
-    "chat multi-turn": _chat(
-        messages=[
-            *CHAT,
-            {"role": "assistant", "content": "Yes."},
-            {"role": "user", "content": "Why?"},
-        ]
-    ),
-    "chat continue_final_message": _chat(
-        messages=[*CHAT, {"role": "assistant", "content": "The"}],
-        continue_final_message=True,
-        add_generation_prompt=False,
-    ),
-    "chat echo": _chat(
-        messages=[*CHAT, {"role": "assistant", "content": "The"}],
-        echo=True,
-        continue_final_message=True,
-        add_generation_prompt=False,
-    ),
-    "chat logprobs top 3": _chat(logprobs=True, top_logprobs=3),
-    "chat max_completion_tokens": _chat(max_tokens=None, max_completion_tokens=5),
-    "chat stop_token_ids + min_tokens": _chat(stop_token_ids=[1, 2], min_tokens=3),
-    "chat penalties": _chat(presence_penalty=0.7, frequency_penalty=0.7, repetition_penalty=1.1),
-    "chat logit_bias": _chat(logit_bias={"300": 50, "301": 50}),
-    "chat seed sampled": _chat(temperature=1.0, seed=5, max_tokens=12),
-    "chat n=2 seed": _chat(temperature=1.0, seed=9, n=2),
-    "chat json_object": _chat(response_format={"type": "json_object"}, max_tokens=24),
-    "chat json_schema": _chat(
-        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}},
-        max_tokens=40,
-    ),
-    "chat tools, tool_choice none": _chat(tools=[TOOL], tool_choice="none"),
-    "chat tools, tool_choice auto (no parser)": _chat(tools=[TOOL], tool_choice="auto"),
-    "chat tools, named (no parser)": _chat(
-        tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}}
-    ),
-    "chat stream": _chat(**STREAM),
-    "chat stream logprobs": _chat(logprobs=True, top_logprobs=2, **STREAM),
-    "chat stream n=2": _chat(temperature=1.0, seed=4, n=2, **STREAM),
-    "chat too many top_logprobs": _chat(logprobs=True, top_logprobs=100),
-    "chat empty messages": _chat(messages=[]),
-    "completion negative max_tokens": _c(max_tokens=-1),
-}
 
 
 @pytest.fixture(scope="module")
@@ -165,142 +45,30 @@ def vllm_url(profile: ResolvedProfile, tmp_path_factory: pytest.TempPathFactory)
     before = set(descendants())
     proc = vllm_serve(profile, port, log)
     try:
-        wait_ok(f"http://127.0.0.1:{port}/health", proc, 300)
+        wait_ok(f"http://127.0.0.1:{port}/health", 300, proc=proc)
         yield f"http://127.0.0.1:{port}"
     finally:
         stop_process(proc, 60)
         reap([p for p in descendants() if p not in before])
 
 
-def _normal(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _normal(v) for k, v in value.items() if k not in IGNORED}
-    if isinstance(value, list):
-        return [_normal(v) for v in value]
-    return value
-
-
-def _merge(into: Any, new: Any) -> Any:
-    """Two successive pieces of one choice of a stream as one: text and lists (tokens,
-    logprobs) concatenated, objects merged, a null leaving the value before it."""
-    if new is None:
-        return into
-    if isinstance(new, dict) and isinstance(into, dict):
-        return {k: _merge(into.get(k), new.get(k)) for k in {**into, **new}}
-    if isinstance(new, str | list) and isinstance(into, type(new)):
-        return into + new
-    return new
-
-
-def _events(response: httpx.Response) -> dict[str, Any]:
-    """A stream as what it carries: each choice's pieces merged in order (vLLM's own server
-    merges engine steps into one event when its reader is behind, so event boundaries vary
-    from run to run), the keys each choice's events had, the events' envelopes, and the
-    events without choices (usage, [DONE]) in order."""
-    choices: dict[int, Any] = {}
-    keys: dict[int, set[str]] = {}
-    envelopes: set[str] = set()
-    rest: list[Any] = []
-    for line in response.iter_lines():
-        if not line.startswith("data: "):
-            continue
-        data = line.removeprefix("data: ")
-        event = data if data == "[DONE]" else _normal(json.loads(data))
-        if not isinstance(event, dict) or not event.get("choices"):
-            rest.append(event)
-            continue
-        for choice in event["choices"]:
-            index = choice["index"]
-            choices[index] = _merge(choices.get(index), choice)
-            keys.setdefault(index, set()).update(choice)
-        envelope = {k: v for k, v in event.items() if k != "choices"}
-        envelopes.add(json.dumps(envelope, sort_keys=True))
-    shapes = {index: sorted(k) for index, k in keys.items()}
-    return {"choices": choices, "keys": shapes, "envelopes": sorted(envelopes), "rest": rest}
-
-
-def _send(client: httpx.Client, path: str, body: dict[str, Any], headers: dict[str, str]) -> Any:
-    body = {k: v for k, v in body.items() if v is not None}
-    if body.get("stream"):
-        with client.stream("POST", path, json=body, headers=headers) as r:
-            return r.status_code, _events(r) if r.status_code == 200 else r.read()
-    r = client.post(path, json=body, headers=headers)
-    return r.status_code, _normal(r.json()) if r.status_code == 200 else r.json()
-
-
-def _near_the_limit(ref: httpx.Client, max_model_len: int) -> list[dict[str, str]]:
-    """A user message whose chat prompt is ROOM tokens short of max_model_len (by vLLM's own
-    /tokenize)."""
-    unit = "alpha beta "
-
-    def count(k: int) -> int:
-        body = {"messages": [{"role": "user", "content": unit * k}]}
-        return int(ref.post("/tokenize", json=body).json()["count"])
-
-    per_unit = (count(200) - count(100)) / 100
-    k = int(100 + (max_model_len - ROOM - count(100)) / per_unit)
-    while count(k) > max_model_len - ROOM:
-        k -= 1
-    return [{"role": "user", "content": unit * k}]
-
-
-def _closing_bias(ref: httpx.Client) -> dict[str, int]:
-    """A logit bias toward the tokens that end JSON values and objects (by vLLM's /tokenize).
-    A random-weight model never closes a JSON string or object by itself (it writes whitespace
-    or string characters until max_tokens); with the bias it tends to, while the grammar of
-    response_format still decides which tokens are allowed at all."""
-    ids = [ref.post("/tokenize", json={"prompt": t}).json()["tokens"] for t in '":}']
-    return {str(i): 30 for token_ids in ids for i in token_ids}
-
-
-def _json_content(answer: dict[str, Any]) -> Any:
-    choice = answer["choices"][0]
-    return json.loads(choice["message"]["content"] if "message" in choice else choice["text"])
-
-
-def _generated_tokens(answer: Any) -> int:
-    events = answer.get("rest", [answer])
-    usages = [e["usage"] for e in events if isinstance(e, dict) and e.get("usage")]
-    return int(usages[-1]["completion_tokens"]) if usages else 0
-
-
 def test_the_app_answers_as_vllm_serve_does(
     app_server: AppServer, vllm_url: str, profile: ResolvedProfile
 ) -> None:
     assert len(CASES) >= 40
-    rows = []
-    mismatches = []
     with (
         httpx.Client(base_url=vllm_url, timeout=300) as ref,
         httpx.Client(base_url=app_server.url, timeout=300) as app,
     ):
-        near_limit = _near_the_limit(ref, profile.max_model_len)
-        bias = _closing_bias(ref)
-        for name, (path, body) in CASES.items():
-            if body.get("messages") == NEAR_LIMIT:
-                body = {**body, "messages": near_limit}
-            if "response_format" in body:
-                body = {**body, "logit_bias": bias}
-            want_status, want = _send(ref, path, body, {})
-            got_status, got = _send(app, path, body, APP_HEADERS)
-            same = want_status == got_status and (want_status != 200 or want == got)
-            if want_status != 200 and got_status == want_status:
-                # errors: same status, and ours names the parameter as an OpenAI error does
-                assert "error" in got and got["error"]["message"], got
-            if "response_format" in body and got_status == 200:
-                _json_content(got)  # what the app answered parses as JSON
-            rows.append((name, path, want_status, got_status, _generated_tokens(want), same))
-            if not same:
-                mismatches.append((name, want_status, want, got_status, got))
-    report = os.environ.get("SERVE_APP_PARITY_REPORT")
-    if report:
-        lines = [
-            "| request | endpoint | vllm serve | app | tokens | identical |",
-            "|---|---|---|---|---|---|",
-        ]
-        lines += [
-            f"| {n} | {p} | {a} | {b} | {t} | {'yes' if s else 'NO'} |" for n, p, a, b, t, s in rows
-        ]
-        Path(report).write_text("\n".join(lines) + "\n")
-    names = [m[0] for m in mismatches]
-    assert not mismatches, f"{names}\n" + json.dumps(mismatches[:2], ensure_ascii=False)[:4000]
+        rows = compare(ref, app, profile.max_model_len, APP_HEADERS)
+    if report := os.environ.get("SERVE_APP_PARITY_REPORT"):
+        Path(report).write_text(table(rows))
+    for row in rows:
+        if row.app_status != 200:  # an OpenAI-shaped error, as vllm serve's
+            assert row.app["error"]["message"] and row.app["error"]["type"], row
+        elif "json" in row.name:  # structured outputs: what the app answered parses
+            json_content(row.app)
+    different = [r for r in rows if not r.identical]
+    assert not different, [r.name for r in different] + [
+        json.dumps([different[0].vllm, different[0].app], ensure_ascii=False)[:4000]
+    ]

@@ -19,8 +19,8 @@ import psutil
 import pytest
 import yaml
 
-from serve_app.bench.servers import stop_process, wait_ok
-from serve_app.bench.streaming import direct_ingress_url
+from serve_app.bench.servers import direct_ingress_url, stop_process
+from serve_app.cli import wait_ok
 from tests.integration.conftest import ROOT, free_ports, stream_then_leave
 from tests.integration.test_app import MODEL, sse_events
 
@@ -60,7 +60,7 @@ def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HAProxyApp]:
         proc = subprocess.Popen([*cmd, "--haproxy"], env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         proxy = f"http://127.0.0.1:{http_port}"
-        wait_ok(f"{proxy}/ready", proc, 400)
+        wait_ok(f"{proxy}/ready", 400, proc=proc)
         ports = {"http": http_port, "stats": stats_port, "metrics": metrics_port}
         yield HAProxyApp(proxy, direct_ingress_url(proc.pid), proc.pid, ports)
     finally:

@@ -1,5 +1,11 @@
+from pathlib import Path
+
+import yaml
+
 from serve_app.bench import servers
 from serve_app.profiles import EngineArgs, EngineProfile, Platform
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_vllm_serve_flags_carry_every_engine_argument() -> None:
@@ -19,3 +25,22 @@ def test_vllm_serve_flags_carry_every_engine_argument() -> None:
     assert flags[flags.index("--block-size") + 1] == "32"
     assert "--enforce-eager" in flags and "--no-enable-prefix-caching" in flags
     assert flags[flags.index("--kv-cache-memory-bytes") + 1] == str(1 << 28)
+
+
+def test_bench_profile_keeps_the_engine_and_opens_the_pool(tmp_path: Path) -> None:
+    source = ROOT / "profiles" / "low-latency.yaml"
+    written = yaml.safe_load(servers._bench_profile(source, tmp_path).read_text())
+    original = yaml.safe_load(source.read_text())
+    assert written["engine"] == original["engine"]
+    assert written["platforms"] == original["platforms"]
+    assert written["pool"]["max_replicas"] == 1
+    assert written["pool"]["max_ongoing_requests"] >= 1024
+
+
+def test_app_config_serves_one_pool_without_slo_refusals(tmp_path: Path) -> None:
+    config = servers._app_config("low-latency", tmp_path, 9999)
+    args = config["applications"][0]["args"]
+    assert args["profiles"] == ["low-latency"] and args["profiles_dir"] == str(tmp_path)
+    assert args["routing"]["default_class"] == "batch"
+    assert set(args["routing"]["priors"]) == {"low-latency"}
+    assert config["http_options"] == {**config["http_options"], "port": 9999}
