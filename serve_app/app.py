@@ -12,17 +12,16 @@ from __future__ import annotations
 from pathlib import Path, PurePath
 from typing import Any, cast
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ValidationError
 from ray import serve
 from ray.serve import Application
 from ray.serve.deployment import Deployment
 
 from serve_app.autoscaling import POLICY_PATH
-from serve_app.constants import BUILTIN_PREFIX, DEFAULT_MAX_TOKENS
+from serve_app.config import AppArgs, IngressConfig, PoolInfo
+from serve_app.constants import BUILTIN_PREFIX
 from serve_app.engine.replica import EngineReplica
-from serve_app.ingress.api import Ingress, IngressConfig, PoolInfo
-from serve_app.ingress.guard import AuthConfig, LimitsConfig
-from serve_app.ingress.truncation import HeadTail
+from serve_app.ingress.api import Ingress
 from serve_app.pool_state import PoolStateBoard
 from serve_app.profiles import (
     Platform,
@@ -35,58 +34,13 @@ from serve_app.profiles import (
     load_profile,
     profiles_dir,
 )
-from serve_app.routing.config import RoutingConfig
 from serve_app.routing.estimator import DEFAULT_STEP_TOKENS
 
-# LLM streams run for minutes: let a draining replica finish them before it is stopped.
-GRACEFUL_SHUTDOWN_TIMEOUT_S = 300.0
 # Serve replaces a replica after 3 failed checks in a row: a dead engine is gone in ~6 s.
 HEALTH_CHECK_PERIOD_S = 2.0
 
 
 INGRESS_MAX_QUEUED = 2048
-
-
-class AppArgs(BaseModel):
-    """`args:` of the application in serve_config.yaml."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    profiles: list[str] = Field(min_length=1, description="Profile names or YAML paths.")
-    profiles_dir: str | None = Field(None, description="Where profile names are looked up.")
-    served_model_name: str | None = Field(None, description="Model id clients send.")
-    default_max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1, description="When none is given.")
-    routing: RoutingConfig = Field(default_factory=RoutingConfig, description="SLO routing.")
-    limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Request limits.")
-    auth: AuthConfig = Field(default_factory=AuthConfig, description="Where API keys come from.")
-    server_timing: bool = Field(
-        True,
-        description="Report where each first token's time goes (Server-Timing header, the "
-        "stream's final usage, per-stage histograms).",
-    )
-    truncation: HeadTail = Field(
-        default_factory=HeadTail,
-        description="What a request's `truncate_prompt: true` keeps of a longer prompt: its "
-        "first head_tokens and last tail_tokens (the ERNIE guides' 384 + 128).",
-    )
-    graceful_shutdown_timeout_s: float = Field(
-        GRACEFUL_SHUTDOWN_TIMEOUT_S,
-        ge=0,
-        description="How long a replica being stopped (scale-down, redeploy) may finish its "
-        "in-flight streams; size it for your longest generation.",
-    )
-    num_gpus_per_replica: float | None = Field(
-        None,
-        ge=0,
-        description="GPUs each engine replica reserves (None: 1 on CUDA, 0 on CPU). On CPU, 1 "
-        "lets `ray start --num-gpus N` simulate GPU placement.",
-    )
-
-    @model_validator(mode="after")
-    def _unique(self) -> AppArgs:
-        if len(set(self.profiles)) != len(self.profiles):
-            raise ValueError("profiles: each profile may appear once")
-        return self
 
 
 def _served_name(model: str) -> str:

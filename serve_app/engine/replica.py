@@ -20,6 +20,7 @@ from ray.serve.handle import DeploymentHandle
 from serve_app.autoscaling import ARRIVALS_METRIC, REFUSED_METRIC, WAITING_METRIC
 from serve_app.constants import ENGINE_START_TIMEOUT_S, STATS_PERIOD_S
 from serve_app.engine.coalesce import MessageBudget
+from serve_app.engine.metrics import ReplicaMetrics
 from serve_app.engine.prefill import PrefillMeter, RecentRate
 from serve_app.engine.protocol import (
     BoardReply,
@@ -30,7 +31,6 @@ from serve_app.engine.protocol import (
     ReplicaReport,
     StreamChunk,
 )
-from serve_app.metrics import ReplicaMetrics
 from serve_app.profiles import ResolvedProfile
 from serve_app.timing import Stage, elapsed_ms
 

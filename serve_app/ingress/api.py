@@ -19,11 +19,12 @@ from typing import Any, cast
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 from ray import serve
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from serve_app.config import IngressConfig
 from serve_app.constants import READY_RETRY_AFTER_S, STATS_PERIOD_S
 from serve_app.engine.protocol import (
     ApiCall,
@@ -44,16 +45,14 @@ from serve_app.ingress.errors import (
     reject_error,
 )
 from serve_app.ingress.guard import (
-    AuthConfig,
     Guard,
     GuardMiddleware,
-    LimitsConfig,
 )
+from serve_app.ingress.metrics import IngressMetrics, Outcome, outcome_of
 from serve_app.ingress.schemas import Extensions
-from serve_app.ingress.truncation import TRUNCATED_HEADER, HeadTail
-from serve_app.metrics import IngressMetrics, Outcome, outcome_of
-from serve_app.routing.config import Policy, RoutingConfig
-from serve_app.routing.estimator import DEFAULT_STEP_TOKENS, Load
+from serve_app.ingress.truncation import TRUNCATED_HEADER
+from serve_app.routing.config import Policy
+from serve_app.routing.estimator import Load
 from serve_app.routing.policy import Reject, RequestFeatures, RouteTo
 from serve_app.routing.router import Router
 from serve_app.routing.slo import (
@@ -91,32 +90,6 @@ PROXY_START = PROXY_START_HEADER.encode()
 BOARD_TIMEOUT_S = 1.0  # a board call slower than this is abandoned (routing goes on without it)
 DONE = "data: [DONE]\n\n"  # a stream's last event
 JSON = "application/json"
-
-
-class PoolInfo(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    max_model_len: int
-    min_replicas: int
-    step_tokens: int = DEFAULT_STEP_TOKENS  # max_num_batched_tokens
-
-
-class IngressConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    served_model_name: str
-    model: str  # what the engines load; the tokenizer comes from it
-    pools: dict[str, PoolInfo]
-    routing: RoutingConfig
-    # the completion length routing predicts with when a request sets no max_tokens (vLLM then
-    # generates up to the rest of the pool's context)
-    default_max_tokens: int
-    limits: LimitsConfig = LimitsConfig()
-    auth: AuthConfig = AuthConfig()
-    # Where each first token's time goes (serve_app/timing.py): the Server-Timing header, the
-    # stream's final usage event and the per-stage histograms.
-    server_timing: bool = True
-    truncation: HeadTail = HeadTail()  # what a request's `truncate_prompt: true` keeps
 
 
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})

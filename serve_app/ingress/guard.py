@@ -20,8 +20,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from serve_app.config import AuthConfig, LimitsConfig
 from serve_app.ingress.errors import (
     HeadersTooLarge,
     PayloadTooLarge,
@@ -41,37 +40,6 @@ logger = logging.getLogger("ray.serve")
 
 KEY_FILE_CHECK_S = 1.0
 OPEN_PATHS = frozenset({"/health", "/ready", "/-/healthz", "/-/routes"})
-
-
-class AuthConfig(BaseModel):
-    """Where API keys come from (serve_config.yaml `args.auth`). No keys: the API is open."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    api_keys_env: str | None = Field(
-        "SERVE_APP_API_KEYS", description="Environment variable with comma-separated keys."
-    )
-    api_keys_file: str | None = Field(None, description="File with one key per line.")
-
-
-class LimitsConfig(BaseModel):
-    """Request size limits (serve_config.yaml `args.limits`)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    max_body_bytes: int = Field(1 << 20, ge=1024, description="Largest request body.")
-    max_header_bytes: int = Field(8 << 10, ge=1024, description="Largest sum of header sizes.")
-    body_timeout_s: float = Field(
-        30.0,
-        gt=0,
-        description="Longest wait for the next part of a request body (slow uploads get 408).",
-    )
-    max_prompt_tokens: int | None = Field(
-        None, ge=1, description="Longest prompt in tokens (None: the longest pool context)."
-    )
-    max_tokens: int | None = Field(
-        None, ge=1, description="Largest max_tokens a request may ask (None: the context's room)."
-    )
 
 
 def load_api_keys(config: AuthConfig, environ: MutableMapping[str, str] = os.environ) -> list[str]:

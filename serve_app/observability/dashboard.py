@@ -1,4 +1,5 @@
-"""The Grafana dashboard, built in code from the metrics in serve_app/metrics.py.
+"""The Grafana dashboard, built in code from the metrics in serve_app/ingress/metrics.py and
+serve_app/engine/metrics.py.
 
 Every panel's PromQL is listed by `panel_queries()` so tests can evaluate each one against a
 real Prometheus. Ray exports our metrics with a `ray_` prefix (counters with `_total`).

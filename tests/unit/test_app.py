@@ -3,7 +3,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from serve_app.app import AppArgs, build_app, resolve_profiles
+from serve_app.app import build_app, resolve_profiles
+from serve_app.config import AppArgs
 from serve_app.profiles import Platform, ProfileError
 
 ROOT = Path(__file__).resolve().parents[2]

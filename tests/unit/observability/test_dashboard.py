@@ -26,7 +26,9 @@ def test_panels_cover_what_operators_watch() -> None:
 
 
 def test_every_query_uses_a_metric_the_app_exports() -> None:
-    source = (PACKAGE_DIR / "metrics.py").read_text()
+    source = "".join(
+        (PACKAGE_DIR / part / "metrics.py").read_text() for part in ("ingress", "engine")
+    )
     exported = set(re.findall(r'"(serve_app_[a-z_]+)"', source))
     for title, expr in panel_queries():
         names = set(re.findall(r"ray_(serve_app_[a-z_]+?)(?:_total|_bucket)?\b", expr))

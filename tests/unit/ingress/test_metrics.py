@@ -1,6 +1,6 @@
 """Metric labels stay bounded whatever clients send."""
 
-from serve_app.metrics import OTHER_CLASS, IngressMetrics
+from serve_app.ingress.metrics import OTHER_CLASS, IngressMetrics
 
 
 def test_unknown_classes_share_one_label_and_no_class_is_the_default() -> None:

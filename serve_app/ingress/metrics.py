@@ -1,4 +1,5 @@
-"""Prometheus metrics through Ray's metrics API (so they reach Ray's endpoint and dashboard).
+"""The ingress's Prometheus metrics, through Ray's metrics API (so they reach Ray's endpoint and
+dashboard; the engine replicas' own are in serve_app/engine/metrics.py).
 
 `ray.serve.metrics` adds the deployment, replica and application tags. Ray prefixes every name
 with `ray_` on its Prometheus endpoint (counters also get `_total`): `serve_app_requests` is
@@ -12,9 +13,8 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
-from ray.serve.metrics import Counter, Gauge, Histogram
+from ray.serve.metrics import Counter, Histogram
 
-from serve_app.engine.protocol import EngineStats
 from serve_app.timing import Stage
 
 # Milliseconds: from a fast GPU token (~2 ms) to a long queue (~1 min).
@@ -154,23 +154,3 @@ class IngressMetrics:
             self.prompt_tokens.inc(prompt_tokens, {"pool": pool})
         if generated_tokens:
             self.generation_tokens.inc(generated_tokens, {"pool": pool})
-
-
-class ReplicaMetrics:
-    """Engine scheduler gauges, one series per replica (Serve adds the replica tag)."""
-
-    def __init__(self, pool: str) -> None:
-        tags = _keys("pool")
-        self._tags = {"pool": pool}
-        self.waiting = Gauge("serve_app_engine_waiting", "Requests queued in the engine.", tags)
-        self.running = Gauge("serve_app_engine_running", "Requests in the engine's batch.", tags)
-        self.kv = Gauge("serve_app_kv_cache_usage", "KV cache blocks in use (0-1).", tags)
-        self.prefix_hit = Gauge(
-            "serve_app_prefix_cache_hit_rate", "Prefix cache hit rate since start (0-1).", tags
-        )
-
-    def update(self, stats: EngineStats) -> None:
-        self.waiting.set(stats.waiting, self._tags)
-        self.running.set(stats.running, self._tags)
-        self.kv.set(stats.kv_cache_usage, self._tags)
-        self.prefix_hit.set(stats.prefix_cache_hit_rate, self._tags)
