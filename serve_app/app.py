@@ -20,7 +20,8 @@ from ray.serve.deployment import Deployment
 from serve_app.autoscaling import POLICY_PATH
 from serve_app.config import AppArgs, IngressConfig, PoolInfo
 from serve_app.constants import BUILTIN_PREFIX
-from serve_app.engine.replica import EngineReplica
+from serve_app.engine.fake import FakeEngine
+from serve_app.engine.replica import EngineReplica, vllm_engine
 from serve_app.ingress.api import Ingress
 from serve_app.pool_state import PoolStateBoard
 from serve_app.profiles import (
@@ -91,7 +92,7 @@ def _pool_deployment(profile: ResolvedProfile, board: Application, args: AppArgs
             health_check_timeout_s=30,
             graceful_shutdown_timeout_s=args.graceful_shutdown_timeout_s,
         )
-        .bind(profile, board)
+        .bind(profile, board, FakeEngine if args.engine == "fake" else vllm_engine)
     )
 
 
@@ -107,6 +108,29 @@ def resolve_profiles(args: AppArgs, platform: Platform) -> list[ResolvedProfile]
     if unknown:
         raise ProfileError(f"routing.priors names unknown pools: {sorted(unknown)}")
     return resolved
+
+
+def ingress_config(args: AppArgs, profiles: list[ResolvedProfile]) -> IngressConfig:
+    """What the ingress is built with, from the app's args and its pools' resolved profiles."""
+    return IngressConfig(
+        served_model_name=profiles[0].api_model_name,
+        model=profiles[0].model,
+        pools={
+            p.name: PoolInfo(
+                max_model_len=p.max_model_len,
+                min_replicas=p.pool.min_replicas,
+                step_tokens=p.engine.max_num_batched_tokens or DEFAULT_STEP_TOKENS,
+            )
+            for p in profiles
+        },
+        routing=args.routing,
+        default_max_tokens=args.default_max_tokens,
+        limits=args.limits,
+        auth=args.auth,
+        truncation=args.truncation,
+        server_timing=args.server_timing,
+        engine=args.engine,
+    )
 
 
 def build_app(raw_args: dict[str, Any]) -> Application:
@@ -127,25 +151,7 @@ def build_app(raw_args: dict[str, Any]) -> Application:
         .bind(names)
     )
     pools = {p.name: _pool_deployment(p, board, args) for p in profiles}
-    model = profiles[0].model
-    config = IngressConfig(
-        served_model_name=served,
-        model=model,
-        pools={
-            p.name: PoolInfo(
-                max_model_len=p.max_model_len,
-                min_replicas=p.pool.min_replicas,
-                step_tokens=p.engine.max_num_batched_tokens or DEFAULT_STEP_TOKENS,
-            )
-            for p in profiles
-        },
-        routing=args.routing,
-        default_max_tokens=args.default_max_tokens,
-        limits=args.limits,
-        auth=args.auth,
-        truncation=args.truncation,
-        server_timing=args.server_timing,
-    )
+    config = ingress_config(args, profiles)
     return (
         cast(Deployment, Ingress)
         .options(

@@ -6,6 +6,8 @@ serve_app/profiles.py.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from serve_app.constants import DEFAULT_MAX_TOKENS
@@ -15,6 +17,10 @@ from serve_app.routing.estimator import DEFAULT_STEP_TOKENS
 
 # LLM streams run for minutes: let a draining replica finish them before it is stopped.
 GRACEFUL_SHUTDOWN_TIMEOUT_S = 300.0
+# "vllm": the engines and the ingress's renderer are vLLM's. "fake": serve_app/engine/fake.py, a
+# stand-in without vLLM (fixed text at a fixed pace, OpenAI-shaped) for tests of everything
+# around the engine, which then start in seconds.
+EngineKind = Literal["vllm", "fake"]
 
 
 class AuthConfig(BaseModel):
@@ -72,6 +78,7 @@ class IngressConfig(BaseModel):
     # stream's final usage event and the per-stage histograms.
     server_timing: bool = True
     truncation: HeadTail = HeadTail()  # what a request's `truncate_prompt: true` keeps
+    engine: EngineKind = "vllm"
 
 
 class AppArgs(BaseModel):
@@ -101,6 +108,10 @@ class AppArgs(BaseModel):
         ge=0,
         description="How long a replica being stopped (scale-down, redeploy) may finish its "
         "in-flight streams; size it for your longest generation.",
+    )
+    engine: EngineKind = Field(
+        "vllm",
+        description="vllm, or fake: a stand-in engine without vLLM for tests (engine/fake.py).",
     )
     num_gpus_per_replica: float | None = Field(
         None,

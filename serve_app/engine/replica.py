@@ -43,7 +43,7 @@ _RECENT = 64  # latencies kept per replica for the pool snapshot
 MIN_COALESCE_S = 0.002
 
 
-def _vllm_engine(profile: ResolvedProfile) -> Engine:
+def vllm_engine(profile: ResolvedProfile) -> Engine:
     from serve_app.engine.vllm_engine import VLLMEngine  # vLLM imports only where engines run
 
     return VLLMEngine(profile)
@@ -69,7 +69,7 @@ class EngineReplica:
         self,
         profile: ResolvedProfile,
         board: DeploymentHandle[Any] | None = None,
-        engine_factory: EngineFactory = _vllm_engine,
+        engine_factory: EngineFactory = vllm_engine,
     ) -> None:
         self._profile = profile
         self._board = board
@@ -85,7 +85,7 @@ class EngineReplica:
         try:
             self._replica_id = serve.get_replica_context().replica_id.unique_id
         except Exception:  # outside Serve (unit tests)
-            self._replica_id = "local"
+            self._replica_id = f"local-{profile.name}-{id(self)}"
         self._placement = _placement()
         started = time.monotonic()
         await asyncio.wait_for(self._engine.start(), ENGINE_START_TIMEOUT_S)

@@ -1,246 +1,125 @@
-"""The ingress: OpenAI-compatible HTTP API in a Serve deployment, routing each request by SLO.
+"""The ingress's HTTP layer: an OpenAI-compatible API over the request pipeline.
 
-Per request: check the body with vLLM's own request models, render the prompt to tokens with
-vLLM's render tier (chat template, tokenizer), read the SLO headers, ask the router for a pool (or
-a refusal), then pass on what the pool's replica answers: the response vLLM's OpenAI layer made,
-as SSE events or one JSON body. Every routed response carries `x-serve-pool` and `x-route-reason`.
+`create_app(pipeline)` is the FastAPI app (probes, routes, exception handlers, the guard
+middleware); `Ingress` is the Serve deployment that builds the pipeline over the pools' and the
+board's handles and serves that app. Every routed response carries `x-serve-pool` and
+`x-route-reason`; what happens to a request is in pipeline.py.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import logging
-import time
-from collections.abc import AsyncGenerator, AsyncIterator, MutableMapping
-from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import ValidationError
+from fastapi.responses import JSONResponse, Response
 from ray import serve
-from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serve_app.config import IngressConfig
-from serve_app.constants import READY_RETRY_AFTER_S, STATS_PERIOD_S
-from serve_app.engine.protocol import (
-    ApiCall,
-    ApiKind,
-    GenerationRequest,
-    StreamChunk,
-)
-from serve_app.ingress.errors import (
-    BadRequest,
-    EngineFailure,
-    ModelNotFound,
-    NotFound,
-    PoolFull,
-    ServeError,
-    ServiceUnavailable,
-    engine_error,
-    error_response,
-    reject_error,
-)
-from serve_app.ingress.guard import (
-    Guard,
-    GuardMiddleware,
-)
-from serve_app.ingress.metrics import IngressMetrics, Outcome, outcome_of
-from serve_app.ingress.schemas import Extensions
-from serve_app.ingress.truncation import TRUNCATED_HEADER
-from serve_app.routing.config import Policy
-from serve_app.routing.estimator import Load
-from serve_app.routing.policy import Reject, RequestFeatures, RouteTo
-from serve_app.routing.router import Router
-from serve_app.routing.slo import (
-    CLASS_HEADER,
-    SLO,
-    SLOHeaderError,
-    parse_route_policy,
-    parse_slo,
-    route_headers,
-)
-from serve_app.timing import (
-    ENGINE_STAGES,
-    PROXY_START_HEADER,
-    SERVER_TIMING_HEADER,
-    TTFT,
-    Stage,
-    elapsed_ms,
-    format_server_timing,
-    proxy_ms,
-    stream_timing,
-)
-
-logger = logging.getLogger("ray.serve")
-
-# The request's SLO and routing policy headers, parsed once: by the early admission check when it
-# runs (kept in request.state under this name), else by the route step.
-_RouteHeaders = tuple[SLO, Policy, str | None]
-PARSED_HEADERS = "route_headers"
-# When the ingress first saw the request (request.state): its TTFT, measured and learned from,
-# includes the time spent queued in the ingress, parsing and tokenizing, not only the pool's.
-ARRIVED = "arrived"
-PROXY_MS = "proxy_ms"  # the request's time in Serve's proxy, when the proxy stamped it
-PROXY_START = PROXY_START_HEADER.encode()
-
-BOARD_TIMEOUT_S = 1.0  # a board call slower than this is abandoned (routing goes on without it)
-DONE = "data: [DONE]\n\n"  # a stream's last event
-JSON = "application/json"
+from serve_app.engine.protocol import ApiKind
+from serve_app.ingress.errors import BadRequest, NotFound, ServeError, error_response
+from serve_app.ingress.guard import GuardMiddleware
+from serve_app.ingress.metrics import Outcome
+from serve_app.ingress.pipeline import Renderer, RequestPipeline, Routed
+from serve_app.routing.slo import CLASS_HEADER
+from serve_app.timing import SERVER_TIMING_HEADER
 
 
-GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+def create_app(pipeline: RequestPipeline) -> FastAPI:
+    """The HTTP API of one ingress replica, serving through `pipeline`."""
+    app = FastAPI(title="serve-app", description="SLO-aware OpenAI-compatible LLM endpoint")
+    app.add_middleware(GuardMiddleware, guard=pipeline.guard, admit=pipeline.admit)
 
-app = FastAPI(title="serve-app", description="SLO-aware OpenAI-compatible LLM endpoint")
-app.add_middleware(GuardMiddleware)
+    @app.exception_handler(ServeError)
+    async def _serve_error(request: Request, err: ServeError) -> JSONResponse:
+        """An API error; one raised after routing says which pool the request was sent to."""
+        routed: Routed | None = getattr(request.state, "routed", None)
+        if routed is None:
+            return error_response(err)
+        headers = {k: v for k, v in routed.headers.items() if k != SERVER_TIMING_HEADER}
+        return error_response(err, headers)
 
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, err: RequestValidationError) -> JSONResponse:
+        pipeline.metrics.request(
+            "none", request.headers.get(CLASS_HEADER, ""), Outcome.CLIENT_ERROR
+        )
+        first = err.errors()[0] if err.errors() else {"loc": (), "msg": "invalid request"}
+        if first.get("type") == "json_invalid":  # loc is (body, byte offset): no parameter
+            return error_response(BadRequest("body: invalid JSON", code="invalid_json"))
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        param = loc[0] if loc else None
+        where = ".".join(loc) or "body"
+        return error_response(BadRequest(f"{where}: {first.get('msg', 'invalid')}", param=param))
 
-@app.exception_handler(ServeError)
-async def _serve_error(request: Request, err: ServeError) -> JSONResponse:
-    """An API error; one raised after routing says which pool the request was sent to."""
-    routed: _Routed | None = getattr(request.state, "routed", None)
-    if routed is None:
-        return error_response(err)
-    headers = {k: v for k, v in routed.headers.items() if k != SERVER_TIMING_HEADER}
-    return error_response(err, headers)
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, err: StarletteHTTPException) -> JSONResponse:
+        """Framework errors (unknown path, wrong method) in the same OpenAI shape as ours."""
+        if isinstance(err.__cause__, ServeError):  # raised while reading the body (its limit)
+            return error_response(err.__cause__)
+        kind = NotFound if err.status_code == 404 else BadRequest
+        error = kind(str(err.detail)[:200], code=f"http_{err.status_code}")
+        error.status_code = err.status_code
+        return error_response(error, dict(err.headers or {}))
 
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        """Liveness: the ingress is up (engines may still be loading)."""
+        return {"status": "ok"}
 
-@app.exception_handler(RequestValidationError)
-async def _validation_error(request: Request, err: RequestValidationError) -> JSONResponse:
-    metrics: IngressMetrics | None = getattr(request.app.state, "metrics", None)
-    if metrics is not None:
-        metrics.request("none", request.headers.get(CLASS_HEADER, ""), Outcome.CLIENT_ERROR)
-    first = err.errors()[0] if err.errors() else {"loc": (), "msg": "invalid request"}
-    if first.get("type") == "json_invalid":  # loc is (body, byte offset): no parameter to name
-        return error_response(BadRequest("body: invalid JSON", code="invalid_json"))
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = loc[0] if loc else None
-    where = ".".join(loc) or "body"
-    return error_response(BadRequest(f"{where}: {first.get('msg', 'invalid')}", param=param))
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        """Readiness: every pool that keeps replicas has at least one live engine."""
+        return pipeline.ready()
 
+    @app.get("/pools")
+    async def pools() -> dict[str, object]:
+        """Each pool's state as routing sees it: replicas, queues, KV use, learned factors."""
+        return pipeline.pools()
 
-@app.exception_handler(StarletteHTTPException)
-async def _http_error(_: Request, err: StarletteHTTPException) -> JSONResponse:
-    """Framework errors (unknown path, wrong method) in the same OpenAI shape as ours."""
-    if isinstance(err.__cause__, ServeError):  # raised while FastAPI read the body (its limit)
-        return error_response(err.__cause__)
-    kind = NotFound if err.status_code == 404 else BadRequest
-    error = kind(str(err.detail)[:200], code=f"http_{err.status_code}")
-    error.status_code = err.status_code
-    return error_response(error, dict(err.headers or {}))
+    @app.get("/v1/models")
+    async def models() -> dict[str, object]:
+        return pipeline.models()
 
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await pipeline.serve(ApiKind.COMPLETION, request)
 
-@dataclass(slots=True)
-class _Routed:
-    request_id: str
-    pool: str
-    reason: str
-    slo: SLO
-    load: Load
-    prompt_tokens: int
-    started: float  # perf_counter: the ingress saw the request
-    predicted_ttft_ms: float
-    tokenized: float  # perf_counter: its prompt was tokens
-    decided: float  # perf_counter: routed
-    proxy_ms: float | None = None
-    # ms per stage of the first token's way (serve_app/timing.py); None when not timed
-    stages: dict[str, float] | None = None
-    first_at: float = 0.0  # perf_counter: the first chunk reached the ingress
-    truncated: int | None = None  # prompt tokens cut, when the request asked for truncation
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await pipeline.serve(ApiKind.CHAT, request)
 
-    @property
-    def headers(self) -> dict[str, str]:
-        headers = {
-            "x-serve-pool": self.pool,
-            "x-route-reason": self.reason,
-            "x-route-predicted-ttft-ms": f"{self.predicted_ttft_ms:.1f}",
-        }
-        if self.stages is not None:
-            headers[SERVER_TIMING_HEADER] = format_server_timing(self.stages)
-        if self.truncated is not None:
-            headers[TRUNCATED_HEADER] = str(self.truncated)
-        return headers
-
-    def first_chunk(self, chunk: StreamChunk, now: float) -> None:
-        """The first chunk arrived (perf_counter `now`): the stages of its way, when timed."""
-        self.first_at = now
-        if self.stages is None:
-            return
-        stages = self.stages
-        if self.proxy_ms is not None:
-            stages[Stage.PROXY] = self.proxy_ms
-        stages[Stage.INGRESS] = elapsed_ms(self.started, self.tokenized)
-        stages[Stage.ROUTE] = elapsed_ms(self.tokenized, self.decided)
-        remote = chunk.stages or {}
-        for stage in (Stage.DISPATCH, *ENGINE_STAGES):
-            if stage in remote:
-                stages[stage] = remote[stage]
-        if chunk.sent_at:
-            stages[Stage.RETURN] = elapsed_ms(chunk.sent_at, time.time())
-        stages[TTFT] = elapsed_ms(self.started, now)
-
-    def learned_ttft(self) -> tuple[float, float | None]:
-        """What routing learns from: the TTFT since the proxy received the request (where it
-        said when), and the part of it outside the engine's queue and prefill (when the engine
-        said how long those took)."""
-        ttft_ms = elapsed_ms(self.started, self.first_at)
-        stages = self.stages or {}
-        ttft_ms += stages.get(Stage.PROXY, 0.0)
-        if Stage.QUEUE in stages and Stage.PREFILL in stages:
-            return ttft_ms, max(0.0, ttft_ms - stages[Stage.QUEUE] - stages[Stage.PREFILL])
-        return ttft_ms, None
+    return app
 
 
-# Helpers the routes call stand above the class: @serve.ingress freezes a pickled copy of the
-# FastAPI app when the class is decorated, and with it the globals its routes see then.
-def _failed_replica(e: BaseException) -> str:
-    """Which replica a failure came from, as far as Ray's error says (its actor or process)."""
-    for attr in ("actor_id", "_actor_id", "pid"):
-        value = getattr(e, attr, None)
-        if value:
-            return f"{attr}:{value}"
-    return "unknown"
+async def _renderer(config: IngressConfig) -> Renderer:
+    if config.engine == "fake":
+        from serve_app.engine.fake import FakeRenderer
 
+        return FakeRenderer(config.served_model_name)
+    from serve_app.engine.vllm_engine import RenderTier  # vLLM: imported where it is used
 
-def _max_tokens(call: ApiCall) -> int | None:
-    """The completion length the request asks for (None: the rest of the context)."""
-    request = call.request
-    asked: int | None = getattr(request, "max_completion_tokens", None)
-    return asked if asked is not None else cast(int | None, request.max_tokens)
-
-
-def _with_truncation(data: str, truncated: int) -> str:
-    """vLLM's body or usage event, its usage with how many prompt tokens truncation cut."""
-    body = json.loads(data)
-    body["usage"]["truncated_prompt_tokens"] = truncated
-    return json.dumps(body)
-
-
-def _event(chunk: StreamChunk, truncated: int | None) -> bytes:
-    data = chunk.data or ""
-    if truncated is not None and data.startswith("data: {") and '"usage":{' in data:
-        data = f"data: {_with_truncation(data[6:], truncated)}\n\n"
-    return data.encode()
+    return await RenderTier.start(config.model, config.served_model_name)
 
 
 @serve.deployment
-@serve.ingress(app)
+@serve.ingress()
 class Ingress:
+    """One ingress replica: the request pipeline over the pools' handles, served over HTTP."""
+
     async def __init__(  # type: ignore[misc]
         self,
         config: IngressConfig,
         pools: dict[str, DeploymentHandle[Any]],
         board: DeploymentHandle[Any],
     ) -> None:
-        self._config = config
         # Token streams from the pools travel over Serve's gRPC transport (a message per chunk
         # on one gRPC stream) rather than as Ray objects (an object, its ownership bookkeeping
         # and a task event per chunk), pickled with the standard pickler: chunks are plain
         # slotted dataclasses.
-        self._pools = {
+        streams = {
             name: handle.options(
                 stream=True,
                 _by_reference=False,
@@ -249,455 +128,11 @@ class Ingress:
             )
             for name, handle in pools.items()
         }
-        self._board = board
-        from serve_app.engine.vllm_engine import RenderTier  # vLLM: imported where it is used
-
-        self._tier = await RenderTier.start(config.model, config.served_model_name)
-        self._router = Router(
-            {name: p.max_model_len for name, p in config.pools.items()},
-            config.routing,
-            {name: p.step_tokens for name, p in config.pools.items()},
+        ingress_id = serve.get_replica_context().replica_id.unique_id
+        self._pipeline = RequestPipeline(
+            config, streams, board, await _renderer(config), ingress_id
         )
-        self._metrics = IngressMetrics(
-            frozenset(config.routing.classes), config.routing.default_class
-        )
-        app.state.metrics = self._metrics
-        guard = Guard(config.limits, config.auth)
-        app.state.guard = guard
-        app.state.early_check = self._early_refusal
-        if guard.key_count:
-            logger.info(
-                "API keys: %d configured; requests without a valid key get 401", guard.key_count
-            )
-        else:
-            logger.warning(
-                "API keys: none configured (set $%s or auth.api_keys_file): the API is open to "
-                "anyone who can reach it",
-                config.auth.api_keys_env,
-            )
-        # Worst lag of the chunks each pool sent since the last refresh: read by the pools'
-        # replicas (through the board) to size their message budgets (engine/coalesce.py).
-        self._lag_ms: dict[str, float] = {}
-        # Requests refused for want of each pool's capacity since the last refresh: demand the
-        # pools' autoscaling counts (through the board).
-        self._refused: dict[str, int] = {}
-        try:
-            self._ingress_id = serve.get_replica_context().replica_id.unique_id
-        except Exception:  # outside Serve (unit tests)
-            self._ingress_id = "local"
-        self._refresher = asyncio.get_running_loop().create_task(self._refresh_forever())
+        self._pipeline.start()
 
-    async def _refresh_forever(self) -> None:
-        while True:
-            try:
-                if self._lag_ms:
-                    lags, self._lag_ms = self._lag_ms, {}
-                    self._board.consumer_lag.remote(self._ingress_id, lags)
-                if self._refused:
-                    refused, self._refused = self._refused, {}
-                    self._board.refused.remote(refused)
-                snapshot = await asyncio.wait_for(self._board.snapshot.remote(), BOARD_TIMEOUT_S)
-                self._router.update(snapshot)
-            except Exception:
-                # routing goes on with the last known pools (Router.views) until the board is back
-                logger.warning("pool state refresh failed", exc_info=True)
-            await asyncio.sleep(STATS_PERIOD_S)
-
-    def _refusal(self, decision: Reject) -> ServeError:
-        """Count a routing refusal (metrics; demand for the pool that lacked capacity)."""
-        self._metrics.route("none", decision.reason.value)
-        if decision.demand_pool is not None:
-            pool = decision.demand_pool
-            self._refused[pool] = self._refused.get(pool, 0) + 1
-        return reject_error(decision)
-
-    # --- probes and metadata -------------------------------------------------------------
-
-    @app.get("/health")
-    async def health(self) -> dict[str, str]:
-        """Liveness: the ingress is up (engines may still be loading)."""
-        return {"status": "ok"}
-
-    @app.get("/ready")
-    async def ready(self) -> JSONResponse:
-        """Readiness: every pool that keeps replicas has at least one live engine."""
-        snaps = self._router.snapshots
-        loading = [
-            name
-            for name, info in self._config.pools.items()
-            if info.min_replicas > 0 and not snaps[name].ready
-        ]
-        pools = {name: s.replicas for name, s in snaps.items()}
-        if loading:
-            return JSONResponse(
-                {"status": "loading", "pools_not_ready": loading, "replicas": pools},
-                status_code=503,
-                headers={"Retry-After": str(READY_RETRY_AFTER_S)},
-            )
-        return JSONResponse({"status": "ready", "replicas": pools})
-
-    @app.get("/pools")
-    async def pools(self) -> dict[str, object]:
-        """Each pool's state as routing sees it: replicas, queues, KV use, learned factors."""
-        out: dict[str, object] = {}
-        now = time.time()
-        for view in self._router.views(now):
-            ttft_factor, tpot_factor = view.model.factors(now)  # as routing uses them now
-            snap = self._router.snapshots[view.name]
-            out[view.name] = {
-                "replicas": view.replicas,
-                "waiting": view.waiting,
-                "running": view.running,
-                "queued_prefill_tokens": view.queued_tokens,
-                "prefill_tok_s": snap.prefill_tok_s,
-                "kv_cache_usage": snap.kv_cache_usage,
-                "prefix_cache_hit_rate": snap.prefix_cache_hit_rate,
-                "max_model_len": view.max_model_len,
-                "ttft_factor": ttft_factor,
-                "tpot_factor": tpot_factor,
-                "path_ms": view.model.path(now),
-                "ttft_ms_recent_p50": snap.ttft_ms_recent_p50,
-                "tpot_ms_recent_p50": snap.tpot_ms_recent_p50,
-                "updated_at": snap.updated_at,
-                "placement": [
-                    {
-                        "replica": rid,
-                        "node_id": p.node_id,
-                        "node_ip": p.node_ip,
-                        "gpu_ids": list(p.gpu_ids),
-                    }
-                    for rid, p in snap.placements
-                ],
-            }
-        return out
-
-    @app.get("/v1/models")
-    async def models(self) -> dict[str, object]:
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": self._config.served_model_name,
-                    "object": "model",
-                    "created": 0,
-                    "owned_by": "serve-app",
-                    "max_model_len": max(p.max_model_len for p in self._config.pools.values()),
-                }
-            ],
-        }
-
-    # --- generation ----------------------------------------------------------------------
-
-    @app.post("/v1/completions")
-    async def completions(self, request: Request) -> Response:
-        return await self._serve(ApiKind.COMPLETION, request)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(self, request: Request) -> Response:
-        return await self._serve(ApiKind.CHAT, request)
-
-    async def _serve(self, kind: ApiKind, request: Request) -> Response:
-        try:
-            call, truncated = await self._render(kind, request)
-            if isinstance(call, Response):
-                return call
-            return await self._generate(call, truncated, request)
-        except ServeError as e:
-            self._count_refusal(e.status_code, request)
-            raise
-
-    async def _render(
-        self, kind: ApiKind, request: Request
-    ) -> tuple[ApiCall | Response, int | None]:
-        """The request checked by vLLM's models and rendered to tokens by vLLM's render tier
-        (or vLLM's error, as its server answers it), with head + tail truncation applied."""
-        try:
-            body = json.loads(await request.body())
-        except ValueError:
-            raise BadRequest("body: invalid JSON", code="invalid_json") from None
-        if not isinstance(body, dict):
-            raise BadRequest("body: must be a JSON object", code="invalid_json")
-        try:
-            extensions = Extensions.take(body)
-            api_request = self._tier.parse(kind, body)
-        except ValidationError as e:
-            raise RequestValidationError(e.errors()) from None
-        self._check_model(extensions.model)
-        if isinstance(api_request, tuple):
-            rendered: ApiCall | tuple[int, str] = api_request
-        else:
-            rendered = await self._tier.render(kind, api_request)
-        if not isinstance(rendered, ApiCall):
-            status, error = rendered
-            self._count_refusal(status, request)
-            return Response(error, status_code=status, media_type=JSON), None
-        truncation = extensions.truncation(self._config.truncation)
-        if truncation is None:
-            return rendered, None
-        # before routing: the router sees the length the engine will
-        cut = 0
-        for engine_input in rendered.inputs:
-            engine_input["prompt_token_ids"], n = truncation.apply(engine_input["prompt_token_ids"])
-            cut += n
-        return rendered, cut
-
-    def _count_refusal(self, status_code: int, request: Request) -> None:
-        routed: _Routed | None = getattr(request.state, "routed", None)
-        pool, slo_class = (routed.pool, routed.slo.slo_class) if routed else ("none", "")
-        slo_class = slo_class or request.headers.get(CLASS_HEADER, "")
-        self._metrics.request(pool, slo_class, outcome_of(status_code))
-
-    def _early_refusal(self, scope: MutableMapping[str, Any]) -> ServeError | None:
-        """Under overload, refuse from the headers alone what routing would refuse anyway.
-
-        Predicted latency only grows with prompt length and max_tokens, so if the smallest
-        possible request (1 prompt token, 1 new token) is refused — pools saturated, no replica,
-        or the SLO unmeetable even so — the real one would be too: answer now, before reading,
-        parsing and tokenizing the body (most of a request's cost at the ingress).
-        """
-        if scope["path"] not in GENERATION_PATHS:
-            return None
-        state = scope.setdefault("state", {})
-        state[ARRIVED] = time.perf_counter()
-        stamp = next((v for k, v in scope["headers"] if k == PROXY_START), None)
-        state[PROXY_MS] = proxy_ms(stamp.decode("latin-1") if stamp else None, time.time())
-        try:
-            parsed = self._parse_route_headers(scope["headers"])
-        except SLOHeaderError:
-            return None  # the full path answers with the parameter named
-        state[PARSED_HEADERS] = parsed  # request.state, for _route
-        slo, policy, policy_arg = parsed
-        smallest = RequestFeatures(prompt_tokens=1, max_tokens=1)
-        decision = self._router.decide(smallest, slo, time.time(), policy, policy_arg, commit=False)
-        if isinstance(decision, RouteTo) or decision.status == 400:
-            return None
-        err = self._refusal(decision)
-        self._metrics.request("none", slo.slo_class, outcome_of(err.status_code))
-        return err
-
-    def _check_limits(self, prompt_tokens: int, max_tokens: int | None) -> None:
-        limits = self._config.limits
-        if limits.max_prompt_tokens is not None and prompt_tokens > limits.max_prompt_tokens:
-            raise BadRequest(
-                f"prompt has {prompt_tokens} tokens; this endpoint accepts at most "
-                f"{limits.max_prompt_tokens}",
-                param="input_tokens",
-                code="prompt_too_long",
-            )
-        if (
-            limits.max_tokens is not None
-            and max_tokens is not None
-            and max_tokens > limits.max_tokens
-        ):
-            raise BadRequest(
-                f"max_tokens {max_tokens} exceeds this endpoint's limit of {limits.max_tokens}",
-                param="max_tokens",
-                code="max_tokens_too_large",
-            )
-
-    def _check_model(self, model: str | None) -> None:
-        if model is not None and model != self._config.served_model_name:
-            raise ModelNotFound(
-                f"model '{model[:100]}' is not served here; "
-                f"this endpoint serves '{self._config.served_model_name}'",
-                param="model",
-                code="model_not_found",
-            )
-
-    def _parse_route_headers(self, raw: list[tuple[bytes, bytes]]) -> _RouteHeaders:
-        headers = route_headers(raw)
-        slo = parse_slo(headers, self._config.routing)
-        policy, policy_arg = parse_route_policy(headers, self._config.routing, self._config.pools)
-        return slo, policy, policy_arg
-
-    def _route(self, call: ApiCall, prompt_tokens: int, request: Request) -> _Routed:
-        tokenized = time.perf_counter()
-        parsed: _RouteHeaders | None = getattr(request.state, PARSED_HEADERS, None)
-        if parsed is None:
-            try:
-                parsed = self._parse_route_headers(request.scope["headers"])
-            except SLOHeaderError as e:
-                raise BadRequest(str(e), param=e.header) from None
-        slo, policy, policy_arg = parsed
-        asked = _max_tokens(call)
-        features = RequestFeatures(
-            prompt_tokens=prompt_tokens,
-            max_tokens=asked or self._config.default_max_tokens,
-            max_tokens_set=asked is not None,
-        )
-        decision = self._router.decide(features, slo, time.time(), policy, policy_arg)
-        if not isinstance(decision, RouteTo):
-            raise self._refusal(decision)
-        self._metrics.route(decision.pool, decision.reason.value)
-        routed = _Routed(
-            request_id=call.request.request_id,
-            pool=decision.pool,
-            reason=decision.reason.value,
-            slo=slo,
-            load=self._router.load_of(decision.pool),
-            prompt_tokens=prompt_tokens,
-            started=getattr(request.state, ARRIVED, None) or tokenized,
-            predicted_ttft_ms=decision.predicted.ttft_ms,
-            tokenized=tokenized,
-            decided=time.perf_counter(),
-            proxy_ms=getattr(request.state, PROXY_MS, None),
-            stages={} if self._config.server_timing else None,
-        )
-        request.state.routed = routed
-        return routed
-
-    async def _generate(self, call: ApiCall, truncated: int | None, request: Request) -> Response:
-        prompt_tokens = sum(len(i["prompt_token_ids"]) for i in call.inputs)
-        self._check_limits(prompt_tokens, _max_tokens(call))
-        for attempt in range(2):
-            routed = self._route(call, prompt_tokens, request)
-            routed.truncated = truncated
-            gen = GenerationRequest(
-                request_id=routed.request_id,
-                prompt_token_ids=[],
-                max_tokens=0,  # the request's own (vLLM's serving layer reads it)
-                sent_at=time.time() if self._config.server_timing else 0.0,
-                api=call,
-            )
-            self._router.dispatched(routed.pool, routed.prompt_tokens)
-            stream = cast(
-                DeploymentResponseGenerator[StreamChunk],
-                self._pools[routed.pool].generate.remote(gen),
-            )
-            chunks = self._track(routed, stream)
-            try:
-                # Wait for the first chunk before answering, so that a refusal by the engine
-                # still gets its own status code rather than a 200 with an error event.
-                first = await anext(chunks)
-                break
-            except StopAsyncIteration:
-                raise EngineFailure("the engine returned no output") from None
-            except ServeError:
-                raise
-            except Exception as e:
-                err = engine_error(e)
-                if attempt or not isinstance(err, ServiceUnavailable) or isinstance(err, PoolFull):
-                    raise err from None
-                # The replica died (engine or actor) before any output: nothing reached the
-                # client, so route again without it.
-                logger.warning(
-                    "request %s: pool %s replica failed before output (%s); routing again",
-                    routed.request_id,
-                    routed.pool,
-                    type(e).__name__,
-                )
-                self._router.replica_failed(routed.pool, _failed_replica(e), time.time())
-        if first.status != 200:  # vLLM's serving layer refused it: its status and body
-            await chunks.aclose()
-            self._count_refusal(first.status, request)
-            return Response(first.data, status_code=first.status, media_type=JSON)
-        if call.request.stream:
-            events = self._sse(routed, first, chunks)
-            return StreamingResponse(events, media_type="text/event-stream", headers=routed.headers)
-        last = first
-        try:
-            while last.data is None:  # the first token is out; the body comes at the end
-                last = await anext(chunks)
-        except ServeError:
-            raise
-        except Exception as e:  # the engine or its replica died mid-generation: 503, not 500
-            raise engine_error(e) from None
-        finally:
-            await chunks.aclose()  # client gone mid-generation: abort now, not at collection
-        if routed.stages is not None:
-            routed.stages["total"] = elapsed_ms(routed.started, time.perf_counter())
-        body = last.data if truncated is None else _with_truncation(last.data, truncated)
-        return Response(body, media_type=JSON, headers=routed.headers)
-
-    async def _track(
-        self, routed: _Routed, stream: DeploymentResponseGenerator[StreamChunk]
-    ) -> AsyncGenerator[StreamChunk, None]:
-        """The pool's chunks, with local load accounting and latency learning around them."""
-        first_at: float | None = None
-        last: StreamChunk | None = None
-        failed = False  # the stream raised: whoever answers the client counts the outcome
-        try:
-            async for chunk in stream:
-                if chunk.status != 200:  # vLLM's serving layer refused it: nothing to learn
-                    yield chunk
-                    return
-                if chunk.sent_at:
-                    lag_ms = (time.time() - chunk.sent_at) * 1e3
-                    if lag_ms > self._lag_ms.get(routed.pool, 0.0):
-                        self._lag_ms[routed.pool] = lag_ms
-                if first_at is None:
-                    first_at = time.perf_counter()
-                    routed.first_chunk(chunk, first_at)
-                    if routed.stages is not None:
-                        self._metrics.stages(routed.pool, routed.slo.slo_class, routed.stages)
-                    self._router.first_token(routed.pool, routed.prompt_tokens)
-                    ttft_ms, path_ms = routed.learned_ttft()
-                    # learn at once: in a burst, completions come too late to correct admission
-                    self._router.learn(
-                        routed.pool, routed.prompt_tokens, routed.load, ttft_ms, None, None, path_ms
-                    )
-                last = chunk
-                yield chunk
-        except Exception:
-            failed = True
-            raise
-        finally:
-            self._router.finished(
-                routed.pool, routed.prompt_tokens, got_first_token=first_at is not None
-            )
-            if first_at is not None and last is not None and last.finish_reason is not None:
-                self._finished(routed, first_at, last)
-            else:
-                stream.cancel()  # the client went away or we failed: abort the engine request
-                if first_at is not None and not failed:
-                    self._metrics.request(routed.pool, routed.slo.slo_class, Outcome.DISCONNECTED)
-
-    def _finished(self, routed: _Routed, first_at: float, last: StreamChunk) -> None:
-        """A request served to its end: learn its latencies and record them."""
-        ttft_ms = (first_at - routed.started) * 1e3
-        tpot_ms = None
-        if last.completion_tokens > 1:
-            tpot_ms = (time.perf_counter() - first_at) * 1e3 / (last.completion_tokens - 1)
-        if tpot_ms is not None:
-            self._router.learn(routed.pool, routed.prompt_tokens, routed.load, None, tpot_ms)
-        slo = routed.slo
-        met = (slo.ttft_ms is None or ttft_ms <= slo.ttft_ms) and (
-            slo.tpot_ms is None or tpot_ms is None or tpot_ms <= slo.tpot_ms
-        )
-        self._metrics.request(routed.pool, slo.slo_class, Outcome.SERVED)
-        self._metrics.served(
-            routed.pool,
-            slo.slo_class,
-            ttft_ms,
-            tpot_ms,
-            met,
-            last.prompt_tokens,
-            last.completion_tokens,
-        )
-
-    async def _sse(
-        self, routed: _Routed, first: StreamChunk, rest: AsyncGenerator[StreamChunk, None]
-    ) -> AsyncIterator[bytes]:
-        """vLLM's events as its server streams them. The first token's breakdown, `emit`
-        included, follows as an SSE comment before the end (clients skip comments)."""
-        try:
-            yield _event(first, routed.truncated)
-            if routed.stages is not None:  # the first bytes are with the HTTP server now
-                emit_ms = elapsed_ms(routed.first_at, time.perf_counter())
-                routed.stages[Stage.EMIT] = emit_ms
-                self._metrics.stages(routed.pool, routed.slo.slo_class, {Stage.EMIT: emit_ms})
-            async for chunk in rest:
-                if chunk.data == DONE and routed.stages is not None:
-                    yield stream_timing(routed.stages)
-                yield _event(chunk, routed.truncated)
-        except Exception as e:
-            # Headers are sent: the error travels as an event, then the stream ends.
-            err = e if isinstance(e, ServeError) else engine_error(e)
-            logger.warning("request %s failed mid-stream: %s", routed.request_id, type(e).__name__)
-            self._metrics.request(routed.pool, routed.slo.slo_class, outcome_of(err.status_code))
-            error = {
-                "error": {"message": err.message, "type": err.error_type, "code": err.status_code}
-            }
-            yield f"data: {json.dumps(error)}\n\n{DONE}".encode()
-        finally:
-            await rest.aclose()  # client gone (this generator closed): abort the engine now
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return create_app(self._pipeline)

@@ -148,28 +148,26 @@ EarlyCheck = Callable[[Scope], ServeError | None]
 
 
 class GuardMiddleware:
-    """ASGI middleware applying the app's Guard (app.state.guard, set when the ingress starts)
-    before routing and body parsing, then the ingress's early admission check
-    (app.state.early_check: refuses what no prompt could change, without parsing the body);
-    without them (not started yet) requests pass untouched."""
+    """ASGI middleware applying the Guard before routing and body parsing, then `admit` (the
+    request pipeline's early admission: it refuses what no prompt could change, without
+    reading the body)."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, guard: Guard, admit: EarlyCheck | None = None) -> None:
         self.app = app
+        self.guard = guard
+        self.admit = admit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        state = scope["app"].state if "app" in scope else None
-        guard: Guard | None = getattr(state, "guard", None)
-        if scope["type"] != "http" or guard is None:
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        refusal = guard.check(scope["path"], scope["headers"])
-        early: EarlyCheck | None = getattr(state, "early_check", None)
-        if refusal is None and early is not None:
-            refusal = early(scope)
+        refusal = self.guard.check(scope["path"], scope["headers"])
+        if refusal is None and self.admit is not None:
+            refusal = self.admit(scope)
         if refusal is not None:
             await _respond(scope, receive, send, refusal)
             return
-        limits = guard.limits
+        limits = self.guard.limits
         await self.app(scope, _bounded(receive, limits.max_body_bytes, limits.body_timeout_s), send)
 
 

@@ -21,8 +21,8 @@ from serve_app.cli import start_local_ray
 from serve_app.engine.protocol import StreamChunk
 from serve_app.engine.vllm_engine import engine_stages
 from serve_app.ingress import openai_format as fmt
-from serve_app.ingress.api import _Routed
 from serve_app.ingress.metrics import IngressMetrics
+from serve_app.ingress.pipeline import Routed
 from serve_app.routing.estimator import Load
 from serve_app.routing.slo import SLO
 from serve_app.timing import Stage
@@ -84,7 +84,7 @@ def main() -> None:
     remote[Stage.DISPATCH] = 0.5
 
     def ingress_side() -> None:
-        r = _Routed(
+        r = Routed(
             "cmpl-x",
             "low-latency",
             "slo-fit",

@@ -4,11 +4,10 @@ from typing import Any
 
 import pytest
 
+from serve_app.config import AuthConfig, LimitsConfig
 from serve_app.ingress.guard import (
-    AuthConfig,
     Guard,
     GuardMiddleware,
-    LimitsConfig,
     key_matches,
     load_api_keys,
 )
@@ -65,7 +64,6 @@ class _App:
     """A stand-in ASGI app that reads the whole body."""
 
     def __init__(self) -> None:
-        self.state = type("State", (), {})()
         self.body = b""
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -78,7 +76,13 @@ class _App:
         await send({"type": "http.response.body", "body": b"ok"})
 
 
-async def _call(app: _App, scope_headers: list[tuple[bytes, bytes]], chunks: list[bytes]) -> Any:
+async def _call(
+    app: _App,
+    guard: Guard,
+    scope_headers: list[tuple[bytes, bytes]],
+    chunks: list[bytes],
+    admit: Any = None,
+) -> Any:
     sent: list[dict[str, Any]] = []
     queue = [
         {"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
@@ -91,15 +95,15 @@ async def _call(app: _App, scope_headers: list[tuple[bytes, bytes]], chunks: lis
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    scope = {"type": "http", "path": "/v1/completions", "headers": scope_headers, "app": app}
-    await GuardMiddleware(app)(scope, receive, send)
+    scope = {"type": "http", "path": "/v1/completions", "headers": scope_headers}
+    await GuardMiddleware(app, guard, admit)(scope, receive, send)
     return sent
 
 
 async def test_middleware_refuses_with_an_openai_body() -> None:
     app = _App()
-    app.state.guard = Guard(LimitsConfig(), AuthConfig(api_keys_env="K"), {"K": "k1"})  # type: ignore[attr-defined]
-    sent = await _call(app, [], [b"{}"])
+    guard = Guard(LimitsConfig(), AuthConfig(api_keys_env="K"), {"K": "k1"})
+    sent = await _call(app, guard, [], [b"{}"])
     assert sent[0]["status"] == 401
     assert (b"www-authenticate", b"Bearer") in sent[0]["headers"]
     body = json.loads(sent[1]["body"])
@@ -112,10 +116,10 @@ async def test_middleware_bounds_chunked_bodies() -> None:
     from serve_app.ingress.errors import PayloadTooLarge
 
     app = _App()
-    app.state.guard = Guard(LimitsConfig(max_body_bytes=1024), AuthConfig(), {})  # type: ignore[attr-defined]
+    guard = Guard(LimitsConfig(max_body_bytes=1024), AuthConfig(), {})
     with pytest.raises(PayloadTooLarge):
-        await _call(app, [], [b"x" * 600, b"x" * 600])
-    ok = await _call(app, [], [b"x" * 600, b"x" * 400])
+        await _call(app, guard, [], [b"x" * 600, b"x" * 600])
+    ok = await _call(app, guard, [], [b"x" * 600, b"x" * 400])
     assert ok[0]["status"] == 200
 
 
@@ -135,10 +139,9 @@ async def test_a_body_that_stalls_times_out_but_a_complete_one_waits_for_disconn
         return {}
 
     app = _App()
-    app.state.guard = guard  # type: ignore[attr-defined]
-    scope = {"type": "http", "path": "/v1/completions", "headers": [], "app": app}
+    scope = {"type": "http", "path": "/v1/completions", "headers": []}
     with pytest.raises(RequestTimeout):
-        await GuardMiddleware(app)(scope, stalling, lambda m: asyncio.sleep(0))
+        await GuardMiddleware(app, guard)(scope, stalling, lambda m: asyncio.sleep(0))
 
     # the body is complete: waiting for the disconnect afterwards is not a timeout
     from serve_app.ingress.guard import _bounded
@@ -211,15 +214,15 @@ async def test_early_check_answers_before_the_body_is_read() -> None:
     from serve_app.ingress.errors import SLOUnmeetable
 
     app = _App()
-    app.state.guard = Guard(LimitsConfig(), AuthConfig(), {})  # type: ignore[attr-defined]
     seen: list[str] = []
 
     def early(scope: dict[str, object]) -> SLOUnmeetable | None:
         seen.append(str(scope["path"]))
         return SLOUnmeetable("busy", code="saturated", retry_after_s=1.5)
 
-    app.state.early_check = early  # type: ignore[attr-defined]
-    sent = await _call(app, [], [b'{"prompt": "hi"}'])
+    sent = await _call(
+        app, Guard(LimitsConfig(), AuthConfig(), {}), [], [b'{"prompt": "hi"}'], early
+    )
     assert seen == ["/v1/completions"]
     assert sent[0]["status"] == 429
     assert (b"retry-after", b"2") in sent[0]["headers"]

@@ -5,14 +5,14 @@ import time
 import pytest
 
 from serve_app.engine.protocol import StreamChunk
-from serve_app.ingress.api import _Routed
+from serve_app.ingress.pipeline import Routed
 from serve_app.routing.estimator import Load
 from serve_app.routing.slo import SLO
 from serve_app.timing import Stage, parse_server_timing
 
 
-def routed(stages: dict[str, float] | None, proxy: float | None = 0.4) -> _Routed:
-    return _Routed(
+def routed(stages: dict[str, float] | None, proxy: float | None = 0.4) -> Routed:
+    return Routed(
         request_id="cmpl-1",
         pool="low-latency",
         reason="slo",

@@ -1,0 +1,678 @@
+"""The ingress's request pipeline: everything between the HTTP layer (api.py) and the pools.
+
+Per request: admit it from its headers alone while the body is still unread (`admit`, called by
+the guard middleware: under overload what routing would refuse for any prompt is refused at
+once), check the body with vLLM's request models and render the prompt with vLLM's render tier,
+route it by SLO, dispatch it to the pool's replica, retry once on another replica if that one
+died before any output, and pass on what the replica answers while tracking load, learning
+latencies and recording metrics.
+
+The pools and the board are Serve deployment handles, or in-process stand-ins
+(serve_app/local.py); the renderer is vLLM's (engine/vllm_engine.RenderTier) or the fake
+engine's (engine/fake.py). Nothing here needs Ray or vLLM to run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol, cast
+
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+from starlette.requests import Request
+
+from serve_app.config import IngressConfig
+from serve_app.constants import READY_RETRY_AFTER_S, STATS_PERIOD_S
+from serve_app.engine.protocol import ApiCall, ApiKind, GenerationRequest, StreamChunk
+from serve_app.ingress.errors import (
+    BadRequest,
+    EngineFailure,
+    ModelNotFound,
+    PoolFull,
+    ServeError,
+    ServiceUnavailable,
+    engine_error,
+    reject_error,
+)
+from serve_app.ingress.guard import Guard
+from serve_app.ingress.metrics import IngressMetrics, Outcome, outcome_of
+from serve_app.ingress.schemas import Extensions
+from serve_app.ingress.truncation import TRUNCATED_HEADER
+from serve_app.routing.config import Policy
+from serve_app.routing.estimator import Load
+from serve_app.routing.policy import Reject, RequestFeatures, RouteTo
+from serve_app.routing.router import Router
+from serve_app.routing.slo import (
+    CLASS_HEADER,
+    SLO,
+    SLOHeaderError,
+    parse_route_policy,
+    parse_slo,
+    route_headers,
+)
+from serve_app.timing import (
+    ENGINE_STAGES,
+    PROXY_START_HEADER,
+    SERVER_TIMING_HEADER,
+    TTFT,
+    Stage,
+    elapsed_ms,
+    format_server_timing,
+    proxy_ms,
+    stream_timing,
+)
+
+logger = logging.getLogger("ray.serve")
+
+PROXY_START = PROXY_START_HEADER.encode()
+BOARD_TIMEOUT_S = 1.0  # a board call slower than this is abandoned (routing goes on without it)
+DONE = "data: [DONE]\n\n"  # a stream's last event
+JSON = "application/json"
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+ADMISSION = "admission"  # the key of a request's Admission in its ASGI scope's state
+
+
+class Renderer(Protocol):
+    """Request validation and prompt rendering: vLLM's render tier, or the fake engine's."""
+
+    def parse(self, kind: ApiKind, body: dict[str, Any]) -> Any: ...
+
+    async def render(self, kind: ApiKind, request: Any) -> ApiCall | tuple[int, str]: ...
+
+
+class ChunkStream(Protocol):
+    """A replica's answer as a pool handle streams it (Serve's DeploymentResponseGenerator)."""
+
+    def __aiter__(self) -> AsyncIterator[StreamChunk]: ...
+
+    def cancel(self) -> None: ...
+
+
+class RouteHeaders(NamedTuple):
+    """A request's SLO and routing-policy headers, parsed."""
+
+    slo: SLO
+    policy: Policy
+    policy_arg: str | None
+
+
+@dataclass(slots=True)
+class Admission:
+    """What the ingress learned of a request from its headers before reading its body.
+
+    Made by `RequestPipeline.admit` (the guard middleware calls it) and read by the route step:
+    when the request arrived (its TTFT, measured and learned from, includes the time queued in
+    the ingress, parsing and rendering), its time in Serve's proxy, and its parsed route
+    headers (None when they were invalid: the route step then answers 400 naming the header).
+    """
+
+    arrived: float  # perf_counter
+    proxy_ms: float | None = None
+    headers: RouteHeaders | None = None
+    refusal: ServeError | None = field(default=None)
+
+    @staticmethod
+    def of(request: Request) -> Admission | None:
+        admission: Admission | None = request.scope.get("state", {}).get(ADMISSION)
+        return admission
+
+
+@dataclass(slots=True)
+class Routed:
+    request_id: str
+    pool: str
+    reason: str
+    slo: SLO
+    load: Load
+    prompt_tokens: int
+    started: float  # perf_counter: the ingress saw the request
+    predicted_ttft_ms: float
+    tokenized: float  # perf_counter: its prompt was tokens
+    decided: float  # perf_counter: routed
+    proxy_ms: float | None = None
+    # ms per stage of the first token's way (serve_app/timing.py); None when not timed
+    stages: dict[str, float] | None = None
+    first_at: float = 0.0  # perf_counter: the first chunk reached the ingress
+    truncated: int | None = None  # prompt tokens cut, when the request asked for truncation
+
+    @property
+    def headers(self) -> dict[str, str]:
+        headers = {
+            "x-serve-pool": self.pool,
+            "x-route-reason": self.reason,
+            "x-route-predicted-ttft-ms": f"{self.predicted_ttft_ms:.1f}",
+        }
+        if self.stages is not None:
+            headers[SERVER_TIMING_HEADER] = format_server_timing(self.stages)
+        if self.truncated is not None:
+            headers[TRUNCATED_HEADER] = str(self.truncated)
+        return headers
+
+    def first_chunk(self, chunk: StreamChunk, now: float) -> None:
+        """The first chunk arrived (perf_counter `now`): the stages of its way, when timed."""
+        self.first_at = now
+        if self.stages is None:
+            return
+        stages = self.stages
+        if self.proxy_ms is not None:
+            stages[Stage.PROXY] = self.proxy_ms
+        stages[Stage.INGRESS] = elapsed_ms(self.started, self.tokenized)
+        stages[Stage.ROUTE] = elapsed_ms(self.tokenized, self.decided)
+        remote = chunk.stages or {}
+        for stage in (Stage.DISPATCH, *ENGINE_STAGES):
+            if stage in remote:
+                stages[stage] = remote[stage]
+        if chunk.sent_at:
+            stages[Stage.RETURN] = elapsed_ms(chunk.sent_at, time.time())
+        stages[TTFT] = elapsed_ms(self.started, now)
+
+    def learned_ttft(self) -> tuple[float, float | None]:
+        """What routing learns from: the TTFT since the proxy received the request (where it
+        said when), and the part of it outside the engine's queue and prefill (when the engine
+        said how long those took)."""
+        ttft_ms = elapsed_ms(self.started, self.first_at)
+        stages = self.stages or {}
+        ttft_ms += stages.get(Stage.PROXY, 0.0)
+        if Stage.QUEUE in stages and Stage.PREFILL in stages:
+            return ttft_ms, max(0.0, ttft_ms - stages[Stage.QUEUE] - stages[Stage.PREFILL])
+        return ttft_ms, None
+
+
+def _failed_replica(e: BaseException) -> str:
+    """Which replica a failure came from, as far as Ray's error says (its actor or process)."""
+    for attr in ("actor_id", "_actor_id", "pid"):
+        value = getattr(e, attr, None)
+        if value:
+            return f"{attr}:{value}"
+    return "unknown"
+
+
+def _max_tokens(call: ApiCall) -> int | None:
+    """The completion length the request asks for (None: the rest of the context)."""
+    request = call.request
+    asked: int | None = getattr(request, "max_completion_tokens", None)
+    return asked if asked is not None else cast(int | None, request.max_tokens)
+
+
+def _with_truncation(data: str, truncated: int) -> str:
+    """vLLM's body or usage event, its usage with how many prompt tokens truncation cut."""
+    body = json.loads(data)
+    body["usage"]["truncated_prompt_tokens"] = truncated
+    return json.dumps(body)
+
+
+def _event(chunk: StreamChunk, truncated: int | None) -> bytes:
+    data = chunk.data or ""
+    if truncated is not None and data.startswith("data: {") and '"usage":{' in data:
+        data = f"data: {_with_truncation(data[6:], truncated)}\n\n"
+    return data.encode()
+
+
+class RequestPipeline:
+    """Route → dispatch → retry once → track → learn → metrics, for one ingress replica.
+
+    `pools` maps each pool to a handle of its replicas (`handle.generate.remote(request)`
+    streams StreamChunks and can be cancelled), `board` is the pool-state board's handle
+    (`snapshot`, `consumer_lag`, `refused`). Call `start()` on the event loop that serves.
+    """
+
+    def __init__(
+        self,
+        config: IngressConfig,
+        pools: Mapping[str, Any],
+        board: Any,
+        renderer: Renderer,
+        ingress_id: str = "local",
+    ) -> None:
+        self._config = config
+        self._pools = dict(pools)
+        self._board = board
+        self._tier = renderer
+        self._router = Router(
+            {name: p.max_model_len for name, p in config.pools.items()},
+            config.routing,
+            {name: p.step_tokens for name, p in config.pools.items()},
+        )
+        self.metrics = IngressMetrics(
+            frozenset(config.routing.classes), config.routing.default_class
+        )
+        self.guard = Guard(config.limits, config.auth)
+        # Worst lag of the chunks each pool sent since the last refresh: read by the pools'
+        # replicas (through the board) to size their message budgets (engine/coalesce.py).
+        self._lag_ms: dict[str, float] = {}
+        # Requests refused for want of each pool's capacity since the last refresh: demand the
+        # pools' autoscaling counts (through the board).
+        self._refused: dict[str, int] = {}
+        self._ingress_id = ingress_id
+        self._refresher: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Begin refreshing the pools' state from the board (routing needs it)."""
+        if self.guard.key_count:
+            logger.info(
+                "API keys: %d configured; requests without a valid key get 401",
+                self.guard.key_count,
+            )
+        else:
+            logger.warning(
+                "API keys: none configured (set $%s or auth.api_keys_file): the API is open to "
+                "anyone who can reach it",
+                self._config.auth.api_keys_env,
+            )
+        self._refresher = asyncio.get_running_loop().create_task(self._refresh_forever())
+
+    def stop(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+
+    async def refresh(self) -> None:
+        """One exchange with the board: report lag and refusals, take the pools' state."""
+        if self._lag_ms:
+            lags, self._lag_ms = self._lag_ms, {}
+            self._board.consumer_lag.remote(self._ingress_id, lags)
+        if self._refused:
+            refused, self._refused = self._refused, {}
+            self._board.refused.remote(refused)
+        snapshot = await asyncio.wait_for(self._board.snapshot.remote(), BOARD_TIMEOUT_S)
+        self._router.update(snapshot)
+
+    async def _refresh_forever(self) -> None:
+        while True:
+            try:
+                await self.refresh()
+            except Exception:
+                # routing goes on with the last known pools (Router.views) until the board is back
+                logger.warning("pool state refresh failed", exc_info=True)
+            await asyncio.sleep(STATS_PERIOD_S)
+
+    def _refusal(self, decision: Reject) -> ServeError:
+        """Count a routing refusal (metrics; demand for the pool that lacked capacity)."""
+        self.metrics.route("none", decision.reason.value)
+        if decision.demand_pool is not None:
+            pool = decision.demand_pool
+            self._refused[pool] = self._refused.get(pool, 0) + 1
+        return reject_error(decision)
+
+    # --- probes and metadata -------------------------------------------------------------
+
+    def ready(self) -> JSONResponse:
+        """Readiness: every pool that keeps replicas has at least one live engine."""
+        snaps = self._router.snapshots
+        loading = [
+            name
+            for name, info in self._config.pools.items()
+            if info.min_replicas > 0 and not snaps[name].ready
+        ]
+        pools = {name: s.replicas for name, s in snaps.items()}
+        if loading:
+            return JSONResponse(
+                {"status": "loading", "pools_not_ready": loading, "replicas": pools},
+                status_code=503,
+                headers={"Retry-After": str(READY_RETRY_AFTER_S)},
+            )
+        return JSONResponse({"status": "ready", "replicas": pools})
+
+    def pools(self) -> dict[str, object]:
+        """Each pool's state as routing sees it: replicas, queues, KV use, learned factors."""
+        out: dict[str, object] = {}
+        now = time.time()
+        for view in self._router.views(now):
+            ttft_factor, tpot_factor = view.model.factors(now)  # as routing uses them now
+            snap = self._router.snapshots[view.name]
+            out[view.name] = {
+                "replicas": view.replicas,
+                "waiting": view.waiting,
+                "running": view.running,
+                "queued_prefill_tokens": view.queued_tokens,
+                "prefill_tok_s": snap.prefill_tok_s,
+                "kv_cache_usage": snap.kv_cache_usage,
+                "prefix_cache_hit_rate": snap.prefix_cache_hit_rate,
+                "max_model_len": view.max_model_len,
+                "ttft_factor": ttft_factor,
+                "tpot_factor": tpot_factor,
+                "path_ms": view.model.path(now),
+                "ttft_ms_recent_p50": snap.ttft_ms_recent_p50,
+                "tpot_ms_recent_p50": snap.tpot_ms_recent_p50,
+                "updated_at": snap.updated_at,
+                "placement": [
+                    {
+                        "replica": rid,
+                        "node_id": p.node_id,
+                        "node_ip": p.node_ip,
+                        "gpu_ids": list(p.gpu_ids),
+                    }
+                    for rid, p in snap.placements
+                ],
+            }
+        return out
+
+    def models(self) -> dict[str, object]:
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": self._config.served_model_name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "serve-app",
+                    "max_model_len": max(p.max_model_len for p in self._config.pools.values()),
+                }
+            ],
+        }
+
+    # --- generation ----------------------------------------------------------------------
+
+    async def serve(self, kind: ApiKind, request: Request) -> Response:
+        try:
+            call, truncated = await self._render(kind, request)
+            if isinstance(call, Response):
+                return call
+            return await self._generate(call, truncated, request)
+        except ServeError as e:
+            self._count_refusal(e.status_code, request)
+            raise
+
+    async def _render(
+        self, kind: ApiKind, request: Request
+    ) -> tuple[ApiCall | Response, int | None]:
+        """The request checked by vLLM's models and rendered to tokens by vLLM's render tier
+        (or vLLM's error, as its server answers it), with head + tail truncation applied."""
+        try:
+            body = json.loads(await request.body())
+        except ValueError:
+            raise BadRequest("body: invalid JSON", code="invalid_json") from None
+        if not isinstance(body, dict):
+            raise BadRequest("body: must be a JSON object", code="invalid_json")
+        try:
+            extensions = Extensions.take(body)
+            api_request = self._tier.parse(kind, body)
+        except ValidationError as e:
+            raise RequestValidationError(e.errors()) from None
+        self._check_model(extensions.model)
+        if isinstance(api_request, tuple):
+            rendered: ApiCall | tuple[int, str] = api_request
+        else:
+            rendered = await self._tier.render(kind, api_request)
+        if not isinstance(rendered, ApiCall):
+            status, error = rendered
+            self._count_refusal(status, request)
+            return Response(error, status_code=status, media_type=JSON), None
+        truncation = extensions.truncation(self._config.truncation)
+        if truncation is None:
+            return rendered, None
+        # before routing: the router sees the length the engine will
+        cut = 0
+        for engine_input in rendered.inputs:
+            engine_input["prompt_token_ids"], n = truncation.apply(engine_input["prompt_token_ids"])
+            cut += n
+        return rendered, cut
+
+    def _count_refusal(self, status_code: int, request: Request) -> None:
+        routed: Routed | None = getattr(request.state, "routed", None)
+        pool, slo_class = (routed.pool, routed.slo.slo_class) if routed else ("none", "")
+        slo_class = slo_class or request.headers.get(CLASS_HEADER, "")
+        self.metrics.request(pool, slo_class, outcome_of(status_code))
+
+    def admit(self, scope: MutableMapping[str, Any]) -> ServeError | None:
+        """A generation request's Admission, kept in its scope's state; under overload, its
+        refusal from the headers alone when routing would refuse it anyway.
+
+        Predicted latency only grows with prompt length and max_tokens, so if the smallest
+        possible request (1 prompt token, 1 new token) is refused — pools saturated, no replica,
+        or the SLO unmeetable even so — the real one would be too: answer now, before reading,
+        parsing and rendering the body (most of a request's cost at the ingress).
+        """
+        if scope["path"] not in GENERATION_PATHS:
+            return None
+        stamp = next((v for k, v in scope["headers"] if k == PROXY_START), None)
+        admission = Admission(
+            arrived=time.perf_counter(),
+            proxy_ms=proxy_ms(stamp.decode("latin-1") if stamp else None, time.time()),
+        )
+        scope.setdefault("state", {})[ADMISSION] = admission
+        try:
+            admission.headers = self._parse_route_headers(scope["headers"])
+        except SLOHeaderError:
+            return None  # the route step answers with the header named
+        slo, policy, policy_arg = admission.headers
+        smallest = RequestFeatures(prompt_tokens=1, max_tokens=1)
+        decision = self._router.decide(smallest, slo, time.time(), policy, policy_arg, commit=False)
+        if isinstance(decision, RouteTo) or decision.status == 400:
+            return None
+        admission.refusal = self._refusal(decision)
+        self.metrics.request("none", slo.slo_class, outcome_of(admission.refusal.status_code))
+        return admission.refusal
+
+    def _check_limits(self, prompt_tokens: int, max_tokens: int | None) -> None:
+        limits = self._config.limits
+        if limits.max_prompt_tokens is not None and prompt_tokens > limits.max_prompt_tokens:
+            raise BadRequest(
+                f"prompt has {prompt_tokens} tokens; this endpoint accepts at most "
+                f"{limits.max_prompt_tokens}",
+                param="input_tokens",
+                code="prompt_too_long",
+            )
+        if (
+            limits.max_tokens is not None
+            and max_tokens is not None
+            and max_tokens > limits.max_tokens
+        ):
+            raise BadRequest(
+                f"max_tokens {max_tokens} exceeds this endpoint's limit of {limits.max_tokens}",
+                param="max_tokens",
+                code="max_tokens_too_large",
+            )
+
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model != self._config.served_model_name:
+            raise ModelNotFound(
+                f"model '{model[:100]}' is not served here; "
+                f"this endpoint serves '{self._config.served_model_name}'",
+                param="model",
+                code="model_not_found",
+            )
+
+    def _parse_route_headers(self, raw: list[tuple[bytes, bytes]]) -> RouteHeaders:
+        headers = route_headers(raw)
+        slo = parse_slo(headers, self._config.routing)
+        policy, policy_arg = parse_route_policy(headers, self._config.routing, self._config.pools)
+        return RouteHeaders(slo, policy, policy_arg)
+
+    def _route(self, call: ApiCall, prompt_tokens: int, request: Request) -> Routed:
+        tokenized = time.perf_counter()
+        admission = Admission.of(request)
+        parsed = admission.headers if admission is not None else None
+        if parsed is None:
+            try:
+                parsed = self._parse_route_headers(request.scope["headers"])
+            except SLOHeaderError as e:
+                raise BadRequest(str(e), param=e.header) from None
+        slo, policy, policy_arg = parsed
+        asked = _max_tokens(call)
+        features = RequestFeatures(
+            prompt_tokens=prompt_tokens,
+            max_tokens=asked or self._config.default_max_tokens,
+            max_tokens_set=asked is not None,
+        )
+        decision = self._router.decide(features, slo, time.time(), policy, policy_arg)
+        if not isinstance(decision, RouteTo):
+            raise self._refusal(decision)
+        self.metrics.route(decision.pool, decision.reason.value)
+        routed = Routed(
+            request_id=call.request.request_id,
+            pool=decision.pool,
+            reason=decision.reason.value,
+            slo=slo,
+            load=self._router.load_of(decision.pool),
+            prompt_tokens=prompt_tokens,
+            started=admission.arrived if admission is not None else tokenized,
+            predicted_ttft_ms=decision.predicted.ttft_ms,
+            tokenized=tokenized,
+            decided=time.perf_counter(),
+            proxy_ms=admission.proxy_ms if admission is not None else None,
+            stages={} if self._config.server_timing else None,
+        )
+        request.state.routed = routed
+        return routed
+
+    async def _generate(self, call: ApiCall, truncated: int | None, request: Request) -> Response:
+        prompt_tokens = sum(len(i["prompt_token_ids"]) for i in call.inputs)
+        self._check_limits(prompt_tokens, _max_tokens(call))
+        for attempt in range(2):
+            routed = self._route(call, prompt_tokens, request)
+            routed.truncated = truncated
+            gen = GenerationRequest(
+                request_id=routed.request_id,
+                prompt_token_ids=[],
+                max_tokens=0,  # the request's own (vLLM's serving layer reads it)
+                sent_at=time.time() if self._config.server_timing else 0.0,
+                api=call,
+            )
+            self._router.dispatched(routed.pool, routed.prompt_tokens)
+            stream = cast(
+                ChunkStream,
+                self._pools[routed.pool].generate.remote(gen),
+            )
+            chunks = self._track(routed, stream)
+            try:
+                # Wait for the first chunk before answering, so that a refusal by the engine
+                # still gets its own status code rather than a 200 with an error event.
+                first = await anext(chunks)
+                break
+            except StopAsyncIteration:
+                raise EngineFailure("the engine returned no output") from None
+            except ServeError:
+                raise
+            except Exception as e:
+                err = engine_error(e)
+                if attempt or not isinstance(err, ServiceUnavailable) or isinstance(err, PoolFull):
+                    raise err from None
+                # The replica died (engine or actor) before any output: nothing reached the
+                # client, so route again without it.
+                logger.warning(
+                    "request %s: pool %s replica failed before output (%s); routing again",
+                    routed.request_id,
+                    routed.pool,
+                    type(e).__name__,
+                )
+                self._router.replica_failed(routed.pool, _failed_replica(e), time.time())
+        if first.status != 200:  # vLLM's serving layer refused it: its status and body
+            await chunks.aclose()
+            self._count_refusal(first.status, request)
+            return Response(first.data, status_code=first.status, media_type=JSON)
+        if call.request.stream:
+            events = self._sse(routed, first, chunks)
+            return StreamingResponse(events, media_type="text/event-stream", headers=routed.headers)
+        last = first
+        try:
+            while last.data is None:  # the first token is out; the body comes at the end
+                last = await anext(chunks)
+        except ServeError:
+            raise
+        except Exception as e:  # the engine or its replica died mid-generation: 503, not 500
+            raise engine_error(e) from None
+        finally:
+            await chunks.aclose()  # client gone mid-generation: abort now, not at collection
+        if routed.stages is not None:
+            routed.stages["total"] = elapsed_ms(routed.started, time.perf_counter())
+        body = last.data if truncated is None else _with_truncation(last.data, truncated)
+        return Response(body, media_type=JSON, headers=routed.headers)
+
+    async def _track(
+        self, routed: Routed, stream: ChunkStream
+    ) -> AsyncGenerator[StreamChunk, None]:
+        """The pool's chunks, with local load accounting and latency learning around them."""
+        first_at: float | None = None
+        last: StreamChunk | None = None
+        failed = False  # the stream raised: whoever answers the client counts the outcome
+        try:
+            async for chunk in stream:
+                if chunk.status != 200:  # vLLM's serving layer refused it: nothing to learn
+                    yield chunk
+                    return
+                if chunk.sent_at:
+                    lag_ms = (time.time() - chunk.sent_at) * 1e3
+                    if lag_ms > self._lag_ms.get(routed.pool, 0.0):
+                        self._lag_ms[routed.pool] = lag_ms
+                if first_at is None:
+                    first_at = time.perf_counter()
+                    routed.first_chunk(chunk, first_at)
+                    if routed.stages is not None:
+                        self.metrics.stages(routed.pool, routed.slo.slo_class, routed.stages)
+                    self._router.first_token(routed.pool, routed.prompt_tokens)
+                    ttft_ms, path_ms = routed.learned_ttft()
+                    # learn at once: in a burst, completions come too late to correct admission
+                    self._router.learn(
+                        routed.pool, routed.prompt_tokens, routed.load, ttft_ms, None, None, path_ms
+                    )
+                last = chunk
+                yield chunk
+        except Exception:
+            failed = True
+            raise
+        finally:
+            self._router.finished(
+                routed.pool, routed.prompt_tokens, got_first_token=first_at is not None
+            )
+            if first_at is not None and last is not None and last.finish_reason is not None:
+                self._finished(routed, first_at, last)
+            else:
+                stream.cancel()  # the client went away or we failed: abort the engine request
+                if first_at is not None and not failed:
+                    self.metrics.request(routed.pool, routed.slo.slo_class, Outcome.DISCONNECTED)
+
+    def _finished(self, routed: Routed, first_at: float, last: StreamChunk) -> None:
+        """A request served to its end: learn its latencies and record them."""
+        ttft_ms = (first_at - routed.started) * 1e3
+        tpot_ms = None
+        if last.completion_tokens > 1:
+            tpot_ms = (time.perf_counter() - first_at) * 1e3 / (last.completion_tokens - 1)
+        if tpot_ms is not None:
+            self._router.learn(routed.pool, routed.prompt_tokens, routed.load, None, tpot_ms)
+        slo = routed.slo
+        met = (slo.ttft_ms is None or ttft_ms <= slo.ttft_ms) and (
+            slo.tpot_ms is None or tpot_ms is None or tpot_ms <= slo.tpot_ms
+        )
+        self.metrics.request(routed.pool, slo.slo_class, Outcome.SERVED)
+        self.metrics.served(
+            routed.pool,
+            slo.slo_class,
+            ttft_ms,
+            tpot_ms,
+            met,
+            last.prompt_tokens,
+            last.completion_tokens,
+        )
+
+    async def _sse(
+        self, routed: Routed, first: StreamChunk, rest: AsyncGenerator[StreamChunk, None]
+    ) -> AsyncIterator[bytes]:
+        """vLLM's events as its server streams them. The first token's breakdown, `emit`
+        included, follows as an SSE comment before the end (clients skip comments)."""
+        try:
+            yield _event(first, routed.truncated)
+            if routed.stages is not None:  # the first bytes are with the HTTP server now
+                emit_ms = elapsed_ms(routed.first_at, time.perf_counter())
+                routed.stages[Stage.EMIT] = emit_ms
+                self.metrics.stages(routed.pool, routed.slo.slo_class, {Stage.EMIT: emit_ms})
+            async for chunk in rest:
+                if chunk.data == DONE and routed.stages is not None:
+                    yield stream_timing(routed.stages)
+                yield _event(chunk, routed.truncated)
+        except Exception as e:
+            # Headers are sent: the error travels as an event, then the stream ends.
+            err = e if isinstance(e, ServeError) else engine_error(e)
+            logger.warning("request %s failed mid-stream: %s", routed.request_id, type(e).__name__)
+            self.metrics.request(routed.pool, routed.slo.slo_class, outcome_of(err.status_code))
+            error = {
+                "error": {"message": err.message, "type": err.error_type, "code": err.status_code}
+            }
+            yield f"data: {json.dumps(error)}\n\n{DONE}".encode()
+        finally:
+            await rest.aclose()  # client gone (this generator closed): abort the engine now
