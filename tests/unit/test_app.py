@@ -5,6 +5,8 @@ import yaml
 
 from serve_app.app import build_app, resolve_profiles
 from serve_app.config import AppArgs
+from serve_app.engine.fake import FakeEngine
+from serve_app.engine.replica import vllm_engine
 from serve_app.profiles import Platform, ProfileError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,6 +32,16 @@ def test_shipped_config_builds(platform: str, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("SERVE_APP_PLATFORM", platform)
     app = build_app(shipped_args())
     assert app is not None
+
+
+@pytest.mark.parametrize(("engine", "factory"), [("vllm", vllm_engine), ("fake", FakeEngine)])
+def test_the_engine_is_chosen_by_config(engine: str, factory: object) -> None:
+    app = build_app({**shipped_args(), "engine": engine})
+    ingress = app._bound_deployment
+    config, pools, _ = ingress.init_args
+    assert config.engine == engine
+    for pool in pools.values():
+        assert pool._bound_deployment.init_args[2] is factory
 
 
 def test_bad_block_size_fails_the_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
