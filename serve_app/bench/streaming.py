@@ -34,6 +34,7 @@ from serve_app.bench.servers import Server, servers
 from serve_app.profiles import ResolvedProfile
 
 ROOT = Path(__file__).resolve().parents[2]
+WARM_UP_PROMPTS = 16  # per target before measuring: compile, fill caches
 METRICS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms")
 
 
@@ -81,8 +82,16 @@ def cpu_seconds(root: int) -> dict[str, float]:
 
 
 def bench_once(
-    server: Server, model: str, tokenizer: str, args: argparse.Namespace, conc: int, out: Path
+    server: Server,
+    model: str,
+    tokenizer: str,
+    args: argparse.Namespace,
+    conc: int,
+    out: Path,
+    prompts: int | None = None,
 ) -> dict[str, Any]:
+    """One `vllm bench serve` run: `prompts` requests (default --num-prompts, at least 2 x
+    conc) at concurrency conc."""
     name = f"{server.name.replace(' ', '-')}-c{conc}-{int(time.time() * 1e3)}.json"
     cmd = [
         sys.executable, "-m", "serve_app.bench.vllm_cli", "bench", "serve",
@@ -90,7 +99,8 @@ def bench_once(
         "--model", model, "--tokenizer", tokenizer, "--dataset-name", "random",
         "--random-input-len", str(args.input_len), "--random-range-ratio", str(args.range_ratio),
         "--random-output-len", str(args.output_len),
-        "--num-prompts", str(max(args.num_prompts, 2 * conc)), "--max-concurrency", str(conc),
+        "--num-prompts", str(prompts or max(args.num_prompts, 2 * conc)),
+        "--max-concurrency", str(conc),
         "--ignore-eos", "--temperature", "0", "--seed", str(args.seed),
         "--save-result", "--result-dir", str(out), "--result-filename", name,
     ]  # fmt: skip
@@ -341,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
 
         model, tokenizer = _served_name(profile.model), resolve_model(profile.model)
         for server in targets if concurrencies else []:  # warm-up: compile, fill caches
-            bench_once(server, model, tokenizer, args, 4, args.out)
+            bench_once(server, model, tokenizer, args, 4, args.out, WARM_UP_PROMPTS)
         for conc in concurrencies:
             for rep in range(args.repeats):
                 for server in targets if rep % 2 == 0 else targets[::-1]:

@@ -68,6 +68,10 @@ class FakeRenderer:
     def __init__(self, served_model_name: str) -> None:
         self.model = served_model_name
 
+    @staticmethod
+    def schema(kind: ApiKind, ref_template: str) -> dict[str, Any]:
+        return FakeRequest.model_json_schema(ref_template=ref_template)
+
     def parse(self, kind: ApiKind, body: dict[str, Any]) -> FakeRequest:
         request = FakeRequest.model_validate(body)
         field = "messages" if kind is ApiKind.CHAT else "prompt"

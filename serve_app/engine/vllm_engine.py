@@ -280,6 +280,7 @@ class RenderTier:
 
     def __init__(self, state: State) -> None:
         self._renderer = state.online_renderer
+        self._vocab = len(self._renderer.renderer.tokenizer)
 
     @classmethod
     async def start(cls, model: str, served_model_name: str) -> RenderTier:
@@ -292,6 +293,13 @@ class RenderTier:
         state = State()
         await init_render_app_state(VllmConfig(model_config=model_config), state, args)
         return cls(state)
+
+    @staticmethod
+    def schema(kind: ApiKind, ref_template: str) -> dict[str, Any]:
+        """vLLM's request model as JSON Schema (for the app's OpenAPI document)."""
+        model = ChatCompletionRequest if kind is ApiKind.CHAT else CompletionRequest
+        schema: dict[str, Any] = model.model_json_schema(ref_template=ref_template)
+        return schema
 
     @staticmethod
     def parse(kind: ApiKind, body: dict[str, Any]) -> Any:
@@ -312,11 +320,21 @@ class RenderTier:
                 result = await self._renderer.render_chat(request)
             else:
                 result = await self._renderer.render_completion(request)
-        except _REQUEST_ERRORS as e:  # as vLLM's server answers them
+        except _REQUEST_ERRORS as e:  # as vLLM's server answers them, naming the prompt
             result = create_error_response(e)
+            if result.error.param is None:
+                result.error.param = "messages" if kind is ApiKind.CHAT else "prompt"
         error = api_error(result)
         if error is not None:
             return error
+        if kind is ApiKind.COMPLETION:  # token ids the engine would refuse, refused here
+            for engine_input in result:
+                bad = next((t for t in engine_input["prompt_token_ids"] if t >= self._vocab), None)
+                if bad is not None:
+                    outside = f"token id {bad} is outside the vocabulary [0, {self._vocab})"
+                    response = create_error_response(ValueError(outside))
+                    response.error.param = "prompt"
+                    return int(response.error.code), response.model_dump_json()
         if kind is ApiKind.CHAT:
             conversation, inputs = result
             return ApiCall(kind, request, list(inputs), list(conversation))
@@ -427,7 +445,8 @@ class OpenAILayer:
     """vLLM's serving classes over one engine, as `vllm serve` builds them; the prompt comes
     rendered from the ingress (ApiCall) instead of being rendered again."""
 
-    def __init__(self, state: State) -> None:
+    def __init__(self, state: State, llm: AsyncLLM) -> None:
+        self._llm = llm
         self._chat = state.openai_serving_chat
         self._completion = state.openai_serving_completion
         # Instance attributes shadow the methods vLLM's create_* call to render a request.
@@ -440,7 +459,7 @@ class OpenAILayer:
         args = frontend_args(profile.model, profile.api_model_name)
         tasks = await llm.get_supported_tasks()
         await init_app_state(_WatchedClient(llm), state, args, supported_tasks=tasks)  # type: ignore[arg-type]
-        return cls(state)
+        return cls(state, llm)
 
     @staticmethod
     async def _rendered_chat(request: Any) -> Any:
@@ -485,6 +504,10 @@ class OpenAILayer:
         error = api_error(result)
         if error is not None:
             status, body = error
+            if status >= 500 and self._llm.errored:
+                # vLLM's server answers 500; here the replica is unhealthy and the ingress
+                # routes the request again (EngineDeadError), as for a dead replica
+                raise EngineDeadError(body[:300])
             yield StreamChunk("", 0, 0, 0, "error", data=body, status=status)
         elif not call.request.stream:
             yield watch.chunk(result.model_dump_json())

@@ -12,6 +12,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from ray import serve
 from ray.serve.handle import DeploymentHandle
@@ -63,6 +64,31 @@ def create_app(pipeline: RequestPipeline) -> FastAPI:
         error = kind(str(err.detail)[:200], code=f"http_{err.status_code}")
         error.status_code = err.status_code
         return error_response(error, dict(err.headers or {}))
+
+    def openapi() -> dict[str, Any]:
+        """FastAPI's document, with the generation endpoints' bodies: the renderer's request
+        models (vLLM's, or the fake engine's) and their parts under components."""
+        if app.openapi_schema:
+            return app.openapi_schema
+        doc = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes
+        )
+        schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+        template = "#/components/schemas/{model}"
+        for path, kind in (
+            ("/v1/completions", ApiKind.COMPLETION),
+            ("/v1/chat/completions", ApiKind.CHAT),
+        ):
+            body = pipeline.renderer.schema(kind, template)
+            schemas.update(body.pop("$defs", {}))
+            name = str(body.get("title", kind.value))
+            schemas[name] = body
+            content = {"application/json": {"schema": {"$ref": template.format(model=name)}}}
+            doc["paths"][path]["post"]["requestBody"] = {"required": True, "content": content}
+        app.openapi_schema = doc
+        return doc
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.get("/health")
     async def health() -> dict[str, str]:

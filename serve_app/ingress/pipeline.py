@@ -81,6 +81,8 @@ ADMISSION = "admission"  # the key of a request's Admission in its ASGI scope's 
 class Renderer(Protocol):
     """Request validation and prompt rendering: vLLM's render tier, or the fake engine's."""
 
+    def schema(self, kind: ApiKind, ref_template: str) -> dict[str, Any]: ...
+
     def parse(self, kind: ApiKind, body: dict[str, Any]) -> Any: ...
 
     async def render(self, kind: ApiKind, request: Any) -> ApiCall | tuple[int, str]: ...
@@ -251,6 +253,10 @@ class RequestPipeline:
         self._refused: dict[str, int] = {}
         self._ingress_id = ingress_id
         self._refresher: asyncio.Task[None] | None = None
+
+    @property
+    def renderer(self) -> Renderer:
+        return self._tier
 
     def start(self) -> None:
         """Begin refreshing the pools' state from the board (routing needs it)."""
@@ -565,7 +571,8 @@ class RequestPipeline:
         if first.status != 200:  # vLLM's serving layer refused it: its status and body
             await chunks.aclose()
             self._count_refusal(first.status, request)
-            return Response(first.data, status_code=first.status, media_type=JSON)
+            headers = {k: v for k, v in routed.headers.items() if k != SERVER_TIMING_HEADER}
+            return Response(first.data, status_code=first.status, media_type=JSON, headers=headers)
         if call.request.stream:
             events = self._sse(routed, first, chunks)
             return StreamingResponse(events, media_type="text/event-stream", headers=routed.headers)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On two H200s (32 cores), after the offline vLLM + Ray install (/tmp/site): `vllm serve` on GPU 0 and the app on
+# On two H200s (32 cores; or one, ONE_GPU=1), after the offline vLLM + Ray install (/tmp/site): `vllm serve` on GPU 0 and the app on
 # GPU 1, same engine arguments (profiles/h200-stream.yaml), `vllm bench serve` against both,
 # alternating. MODE=before runs the app from ./before-app (the session-1 serving path:
 # `git archive d34ce1e serve_app | tar -x -C before-app`, its cli.py finding `serve` on PATH);
@@ -27,9 +27,13 @@ EXTRA=()
 { nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv
   python3 -c "import vllm, torch, ray; print('vllm', vllm.__version__, 'torch', torch.__version__, 'ray', ray.__version__)"
   nproc; } > "$OUT/device.txt" 2>&1
-CUDA_VISIBLE_DEVICES=0 python3 -m serve_app.bench.streaming --profile h200-stream --concurrency "$CONC" \
+# ONE_GPU=1: both servers on GPU 0 (profile h200-stream-1gpu: 0.42 of its memory each); the
+# bench alternates them, so one serves at a time.
+PROFILE=h200-stream APP_GPU=1
+[ -n "${ONE_GPU:-}" ] && PROFILE=h200-stream-1gpu APP_GPU=0
+CUDA_VISIBLE_DEVICES=0 python3 -m serve_app.bench.streaming --profile $PROFILE --concurrency "$CONC" \
   --num-prompts "$PROMPTS" --output-len 256 --repeats "${REPEATS:-2}" \
-  --vllm-env CUDA_VISIBLE_DEVICES=0 --app-env CUDA_VISIBLE_DEVICES=1 "${EXTRA[@]}" \
+  --vllm-env CUDA_VISIBLE_DEVICES=0 --app-env CUDA_VISIBLE_DEVICES=$APP_GPU "${EXTRA[@]}" \
   --out "$OUT/$MODE" > "$OUT/bench-$MODE.txt" 2>&1 || true
 grep -E "^c=|^\||conc=" "$OUT/bench-$MODE.txt" || tail -20 "$OUT/bench-$MODE.txt"
 cp "$OUT/$MODE/logs/app.log" "$OUT/app-$MODE.log" 2>/dev/null || true

@@ -185,6 +185,15 @@ async def test_bad_requests_get_an_openai_error_naming_the_parameter(
         assert ok.status_code == 200  # nothing else broke
 
 
+async def test_the_openapi_document_describes_the_request_bodies() -> None:
+    async with local_app() as app, httpx.AsyncClient(base_url=app.url) as c:
+        doc = (await c.get("/openapi.json")).json()
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        ref = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        name = ref["$ref"].rsplit("/", 1)[1]
+        assert "max_tokens" in doc["components"]["schemas"][name]["properties"]
+
+
 async def test_probes_and_models() -> None:
     async with local_app() as app, httpx.AsyncClient(base_url=app.url) as c:
         ready = await c.get("/ready")
