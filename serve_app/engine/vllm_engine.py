@@ -320,25 +320,49 @@ class RenderTier:
                 result = await self._renderer.render_chat(request)
             else:
                 result = await self._renderer.render_completion(request)
-        except _REQUEST_ERRORS as e:  # as vLLM's server answers them, naming the prompt
+        except Exception as e:  # rendering depends on the request alone: a client error
+            if not isinstance(e, _REQUEST_ERRORS):  # vLLM's server would answer 500
+                e = ValueError(f"the prompt cannot be rendered: {type(e).__name__}: {e}"[:500])
             result = create_error_response(e)
-            if result.error.param is None:
+            if result.error.param is None:  # as vLLM's server answers, naming the prompt
                 result.error.param = "messages" if kind is ApiKind.CHAT else "prompt"
         error = api_error(result)
         if error is not None:
             return error
         if kind is ApiKind.COMPLETION:  # token ids the engine would refuse, refused here
             for engine_input in result:
-                bad = next((t for t in engine_input["prompt_token_ids"] if t >= self._vocab), None)
+                ids = engine_input["prompt_token_ids"]
+                bad = next((t for t in ids if not 0 <= t < self._vocab), None)
                 if bad is not None:
                     outside = f"token id {bad} is outside the vocabulary [0, {self._vocab})"
                     response = create_error_response(ValueError(outside))
                     response.error.param = "prompt"
                     return int(response.error.code), response.model_dump_json()
+        _materialize(request)  # it travels to a replica
         if kind is ApiKind.CHAT:
             conversation, inputs = result
-            return ApiCall(kind, request, list(inputs), list(conversation))
+            return ApiCall(kind, request, list(inputs), list(_materialize(conversation)))
         return ApiCall(kind, request, list(result))
+
+
+def _materialize(value: Any) -> Any:
+    """`value` with every lazily validated iterable in it made a list, in place.
+
+    vLLM's request models type some fields `Iterable[...]` (tool calls, content parts); pydantic
+    keeps those as one-shot ValidatorIterators, which cannot be pickled to a replica (and would
+    be empty there if rendering read them)."""
+    if type(value).__name__ == "ValidatorIterator":
+        return [_materialize(v) for v in value]
+    if isinstance(value, BaseModel):
+        for fields in (value.__dict__, value.__pydantic_extra__ or {}):
+            for name, v in fields.items():
+                fields[name] = _materialize(v)
+    elif isinstance(value, dict):
+        for name, v in value.items():
+            value[name] = _materialize(v)
+    elif isinstance(value, list):
+        value[:] = [_materialize(v) for v in value]
+    return value
 
 
 _CALL: contextvars.ContextVar[ApiCall | None] = contextvars.ContextVar("api_call", default=None)
@@ -499,6 +523,9 @@ class OpenAILayer:
             raise
         except _REQUEST_ERRORS as e:  # as vLLM's server answers them
             result = create_error_response(e)
+        except Exception:
+            logger.exception("request %s: vLLM's serving layer failed", call.request.request_id)
+            raise
         finally:
             task.cancel()
         error = api_error(result)
@@ -510,7 +537,14 @@ class OpenAILayer:
                 raise EngineDeadError(body[:300])
             yield StreamChunk("", 0, 0, 0, "error", data=body, status=status)
         elif not call.request.stream:
-            yield watch.chunk(result.model_dump_json())
+            try:
+                body = result.model_dump_json()
+            except Exception:
+                logger.exception(
+                    "request %s: the response cannot be written", call.request.request_id
+                )
+                raise
+            yield watch.chunk(body)
         else:
             try:
                 async for event in result:

@@ -557,6 +557,13 @@ class RequestPipeline:
                 raise
             except Exception as e:
                 err = engine_error(e)
+                if err.status_code >= 500 and not isinstance(err, ServiceUnavailable):
+                    logger.warning(
+                        "request %s: pool %s failed before output: %s",
+                        routed.request_id,
+                        routed.pool,
+                        repr(e)[:1000],
+                    )
                 if attempt or not isinstance(err, ServiceUnavailable) or isinstance(err, PoolFull):
                     raise err from None
                 # The replica died (engine or actor) before any output: nothing reached the
