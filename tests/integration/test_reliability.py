@@ -84,7 +84,8 @@ BAD_REQUESTS: list[tuple[str, Any, dict[str, str], int, str | None]] = [
     (CH, {"messages": [{"role": "user", "content": 5}]}, {}, 400, "messages"),
     (CH, {"messages": [{"content": "hi"}]}, {}, 400, "messages"),  # no role
     (CH, {"messages": "hi"}, {}, 400, "messages"),
-    (CH, {"messages": MSG, "max_completion_tokens": 0}, {}, 400, "max_completion_tokens"),
+    # vLLM names the field it maps max_completion_tokens to
+    (CH, {"messages": MSG, "max_completion_tokens": 0}, {}, 400, "max_tokens"),
     (CH, {"messages": MSG, "model": "nope"}, {}, 404, "model"),
     ("/v1/embeddings", {"input": "hi"}, {}, 404, None),  # not served here
 ]
