@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from serve_app.engine.watchdog import Watchdog, running, stop
+from serve_app.engine.watchdog import running, stop
 
 # A stand-in for a replica: starts the watchdog, then a child (the "engine core") that ignores
 # SIGTERM when asked, prints the pids and waits to be killed.
@@ -110,8 +110,19 @@ def test_stop_kills_what_ignores_sigterm_and_skips_reused_pids() -> None:
 
 
 def test_a_watchdog_outlives_its_object_only_while_the_pipe_is_open() -> None:
-    dog = Watchdog(period_s=0.1, grace_s=0.5)
-    watcher = psutil.Process(dog.pid)
-    assert watcher.is_running()
-    dog.release()
-    assert not watcher.is_running()
+    # In a child process: a watchdog of this one would end its descendants on release, and
+    # under `make test` those include the Ray cluster of the shared integration app.
+    script = (
+        "import psutil\n"
+        "from serve_app.engine.watchdog import Watchdog\n"
+        "dog = Watchdog(period_s=0.1, grace_s=0.5)\n"
+        "watcher = psutil.Process(dog.pid)\n"
+        "assert watcher.is_running()\n"
+        "dog.release()\n"
+        "assert not watcher.is_running()\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
