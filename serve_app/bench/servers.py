@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -120,6 +121,22 @@ def _app_config(
     return config
 
 
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def vllm_variants(vllm_args: list[str], api_servers: list[int]) -> list[tuple[str, list[str]]]:
+    """(target name, `vllm serve` flags) per configuration of vLLM's server to compare: one
+    per API-server count when given, else one."""
+    if not api_servers:
+        return [("vllm serve", vllm_args)]
+    return [(f"vllm serve x{n}", [*vllm_args, f"--api-server-count={n}"]) for n in api_servers]
+
+
 @contextmanager
 def servers(
     profile_name: str,
@@ -128,13 +145,16 @@ def servers(
     app_env: dict[str, str],
     vllm_env: dict[str, str],
     vllm_args: list[str],
-    haproxy: bool = False,
+    app_args: list[str] | None = None,
+    fallback_proxy: bool = False,
     direct_ingress: bool = False,
     server_timing: bool = True,
+    api_servers: list[int] | None = None,
 ) -> Iterator[tuple[list[Server], ResolvedProfile]]:
-    """`vllm serve` and the app, ready; both stopped on exit. With haproxy the app runs behind
-    HAProxy (`serve-app run --haproxy`) and Serve's fallback proxy is a target too; with
-    direct_ingress the app's ingress replica's own port is one."""
+    """`vllm serve` (one per API-server count in `api_servers`, else one) and the app
+    (`serve-app run` with `app_args`), ready; all stopped on exit. Targets: every `vllm serve`,
+    the app at its address, with fallback_proxy Serve's proxy that HAProxy falls back to, with
+    direct_ingress the app's ingress replica's own port."""
     vllm_port, app_port, dashboard_port, metrics_port = ports
     source = find_profile(profile_name, profiles_dir())
     profiles = Path(tempfile.mkdtemp(prefix="bench-profiles-"))
@@ -146,27 +166,30 @@ def servers(
     app_cmd = [
         sys.executable, "-m", "serve_app", "run", str(config_path), "--port", str(app_port),
         "--dashboard-port", str(dashboard_port), "--metrics-port", str(metrics_port),
-        *(["--haproxy"] if haproxy else []),
+        *(app_args or []),
     ]  # fmt: skip
     log_dir.mkdir(parents=True, exist_ok=True)
-    if direct_ingress:
-        app_env = {**app_env, "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"}
-    # One after the other: vLLM sizes its KV cache from the memory free while it profiles, which
-    # another engine starting on the same GPU at that moment makes wrong (it then finds none).
-    vllm = vllm_serve(profile, vllm_port, log_dir / "vllm-serve.log", vllm_args, vllm_env)
-    app: subprocess.Popen[bytes] | None = None
+    started: list[subprocess.Popen[bytes]] = []
+    targets: list[Server] = []
     with (log_dir / "app.log").open("wb") as alog:
         try:
-            wait_ok(f"http://{LOOPBACK}:{vllm_port}/health", 900, proc=vllm)
+            # One after the other: vLLM sizes its KV cache from the memory free while it
+            # profiles, which another engine starting on the same GPU at that moment makes wrong
+            # (it then finds none).
+            for n, (name, flags) in enumerate(vllm_variants(vllm_args, api_servers or [])):
+                port = vllm_port if n == 0 else free_port()
+                log = log_dir / f"{name.replace(' ', '-')}.log"
+                proc = vllm_serve(profile, port, log, flags, vllm_env)
+                started.append(proc)
+                wait_ok(f"http://{LOOPBACK}:{port}/health", 900, proc=proc)
+                targets.append(Server(name, f"http://{LOOPBACK}:{port}", proc))
             app = subprocess.Popen(
                 app_cmd, env={**os.environ, **app_env}, stdout=alog, stderr=subprocess.STDOUT
             )
+            started.insert(0, app)
             wait_ok(f"http://{LOOPBACK}:{app_port}/ready", 900, proc=app)
-            targets = [
-                Server("vllm serve", f"http://{LOOPBACK}:{vllm_port}", vllm),
-                Server("app", f"http://{LOOPBACK}:{app_port}", app),
-            ]
-            if haproxy:
+            targets.append(Server("app", f"http://{LOOPBACK}:{app_port}", app))
+            if fallback_proxy:
                 fallback = f"http://{LOOPBACK}:{FALLBACK_PROXY_PORT}"
                 wait_ok(f"{fallback}/ready", 60, proc=app)
                 targets.append(Server("app serve-proxy", fallback, app))
@@ -174,9 +197,8 @@ def servers(
                 targets.append(Server("app direct", direct_ingress_url(app.pid), app))
             yield targets, profile
         finally:
-            if app is not None:
-                stop_process(app)
-            stop_process(vllm)
+            for proc in started:
+                stop_process(proc)
 
 
 # Behind HAProxy, Serve's proxy stays up as HAProxy's fallback on this port (Ray's default).

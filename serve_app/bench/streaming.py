@@ -1,17 +1,22 @@
 """The app against `vllm serve`, same engine arguments, same client (`vllm bench serve`).
 
-    python -m serve_app.bench.streaming --profile low-latency --concurrency 1,4,64,256 \\
-        --num-prompts 400 --repeats 2 --out docs/results/streaming/cpu
+    python -m serve_app.bench.streaming --profile low-latency --concurrency 1,4,64 \\
+        --repeats 3 --min-cell-s 20 --out docs/results/streaming/cpu
 
-Starts both servers on 127.0.0.1 from one profile resolved for this machine's platform: `vllm serve`
-with the profile's engine arguments as flags, and the app (`serve-app run`) with that profile as
-its only pool. Then, per concurrency and repeat, runs `vllm bench serve` against each in turn
-(alternating which goes first) and prints output tok/s and TTFT/TPOT of both with the ratios.
-The app's routing stays on the path (class `batch`: no SLO, so nothing is refused).
+Starts the servers on 127.0.0.1 from one profile resolved for this machine's platform: `vllm serve`
+with the profile's engine arguments as flags (one per count in --vllm-api-servers, e.g. 1,2,4,8,
+to find vLLM's best configuration), and the app (`serve-app run`, its default HTTP path) with
+that profile as its only pool. Per concurrency, a pilot run against the first `vllm serve` sizes
+the cells: each run has at least 4 x concurrency requests and lasts at least --min-cell-s. Then,
+per repeat, `vllm bench serve` runs against each server in turn (the order rotating per repeat),
+and the report gives per concurrency every target's output tok/s, TTFT p50 and median
+inter-token latency (min-max over repeats) and the app's ratios to the best `vllm serve` of the
+same repeat. The app's routing stays on the path (class `batch`: no SLO, so nothing is refused).
 
---haproxy runs the app behind HAProxy (`serve-app run --haproxy`) and adds Serve's fallback proxy
-as a target; --direct-ingress adds the ingress replica's own port; --harness WORKLOAD then drives
-the bare engine (in this process), `vllm serve` and the app with serve_app.bench's own client.
+--serve-proxy-target adds Serve's proxy (HAProxy's fallback) as a target, --direct-ingress the
+ingress replica's own port, --app-arg passes `serve-app run` flags (--app-arg=--serve-proxy: the
+app through Serve's proxy); --harness WORKLOAD then drives the bare engine (in this process),
+`vllm serve` and the app with serve_app.bench's own client.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -119,10 +125,17 @@ def bench_once(
     return row
 
 
-# App-side targets: the app at its address (Serve's proxy; HAProxy with --haproxy), Serve's
-# fallback proxy behind HAProxy (--haproxy), and the app's ingress replica on its own HTTP port
-# (--direct-ingress: Serve's direct ingress, no proxy hop).
-APP_TARGETS = (("app", "app"), ("app serve-proxy", "proxy"), ("app direct", "direct"))
+def cell_prompts(
+    server: Server, model: str, tokenizer: str, args: argparse.Namespace, conc: int
+) -> int:
+    """Requests per run at this concurrency: at least --num-prompts and 4 x conc, and enough to
+    last --min-cell-s at the rate a pilot run (dropped) against `server` reached."""
+    floor: int = max(args.num_prompts, 4 * conc)
+    if args.min_cell_s <= 0:
+        return floor
+    pilot = bench_once(server, model, tokenizer, args, conc, args.out, floor)
+    rate = float(pilot["completed"]) / float(pilot["duration"])
+    return max(floor, math.ceil(rate * float(args.min_cell_s) * 1.1))
 
 
 def run_harness(
@@ -165,93 +178,115 @@ def run_harness(
     print(markdown_table(rows) + "\n\n" + ratios + "\n\n" + where, flush=True)
 
 
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"mean": statistics.mean(values), "min": min(values), "max": max(values)}
+
+
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per concurrency: means of every target and the paired ratios to `vllm serve`."""
+    """Per concurrency: every target's figures over its repeats, the best `vllm serve` (highest
+    mean tok/s) and each other target's ratios to it, paired by repeat."""
     out = []
     for conc in sorted({r["concurrency"] for r in rows}):
-        pairs = [r for r in rows if r["concurrency"] == conc]
-        ref = [r for r in pairs if r["target"] == "vllm serve"]
-        s: dict[str, Any] = {
-            "concurrency": conc,
-            "vllm_tok_s": statistics.mean(r["output_throughput"] for r in ref),
-            "vllm_ttft_p50_ms": statistics.mean(r["median_ttft_ms"] for r in ref),
-            "vllm_tpot_p50_ms": statistics.mean(r["median_tpot_ms"] for r in ref),
-        }
-        for target, key in APP_TARGETS:
-            app = [r for r in pairs if r["target"] == target]
-            if not app:
-                continue
-            ratios = [
-                a["output_throughput"] / v["output_throughput"]
-                for a, v in zip(app, ref, strict=True)
-                if v["output_throughput"]
-            ]
-            prefix = "" if key == "app" else f"{key}_"
-            s |= {
-                f"{key}_tok_s": statistics.mean(r["output_throughput"] for r in app),
-                f"{prefix}tok_s_ratio": statistics.mean(ratios),
-                f"{prefix}tok_s_ratio_min": min(ratios),
-                f"{key}_ttft_p50_ms": statistics.mean(r["median_ttft_ms"] for r in app),
-                f"{prefix}ttft_p50_delta_ms": statistics.mean(
-                    a["median_ttft_ms"] - v["median_ttft_ms"] for a, v in zip(app, ref, strict=True)
-                ),
-                f"{key}_tpot_p50_ms": statistics.mean(r["median_tpot_ms"] for r in app),
+        cell = [r for r in rows if r["concurrency"] == conc]
+        names = list(dict.fromkeys(r["target"] for r in cell))
+        targets: dict[str, dict[str, Any]] = {}
+        for name in names:
+            runs = [r for r in cell if r["target"] == name]
+            targets[name] = {
+                "runs": len(runs),
+                "requests": min(r["completed"] for r in runs),
+                "duration_s": _spread([r["duration"] for r in runs]),
+                "tok_s": _spread([r["output_throughput"] for r in runs]),
+                "ttft_p50_ms": _spread([r["median_ttft_ms"] for r in runs]),
+                "itl_p50_ms": _spread([r["median_itl_ms"] for r in runs]),
+                "tpot_p50_ms": _spread([r["median_tpot_ms"] for r in runs]),
             }
-        out.append(s)
+        vllm = [n for n in names if n.startswith("vllm serve")]
+        best = max(vllm, key=lambda n: targets[n]["tok_s"]["mean"])
+        ref = {r["repeat"]: r for r in cell if r["target"] == best}
+        for name in names:
+            if name in vllm:
+                continue
+            pairs = [(r, ref[r["repeat"]]) for r in cell if r["target"] == name]
+            targets[name]["vs_best_vllm"] = {
+                "tok_s_ratio": _spread(
+                    [a["output_throughput"] / v["output_throughput"] for a, v in pairs]
+                ),
+                "ttft_p50_delta_ms": _spread(
+                    [a["median_ttft_ms"] - v["median_ttft_ms"] for a, v in pairs]
+                ),
+                "ttft_p50_ratio": _spread(
+                    [a["median_ttft_ms"] / v["median_ttft_ms"] for a, v in pairs]
+                ),
+                "itl_p50_ratio": _spread(
+                    [a["median_itl_ms"] / v["median_itl_ms"] for a, v in pairs]
+                ),
+            }
+        out.append({"concurrency": conc, "best_vllm": best, "targets": targets})
     return out
 
 
+def _fmt(s: dict[str, float], spec: str) -> str:
+    """mean (min-max); one value when there was one run."""
+    if s["min"] == s["max"]:
+        return format(s["mean"], spec)
+    return f"{s['mean']:{spec}} ({s['min']:{spec}}–{s['max']:{spec}})"
+
+
 def table(summary: list[dict[str, Any]]) -> str:
-    sections = []
-    for target, key in APP_TARGETS:
-        if not summary or f"{key}_tok_s" not in summary[0]:
-            continue
-        prefix = "" if key == "app" else f"{key}_"
-        lines = [
-            f"| conc | vllm serve tok/s | {target} tok/s | ratio (min) "
-            f"| TTFT p50 vllm / {target} ms | Δ ms | TPOT p50 vllm / {target} ms |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for s in summary:
-            lines.append(
-                f"| {s['concurrency']} | {s['vllm_tok_s']:,.0f} | {s[f'{key}_tok_s']:,.0f} "
-                f"| {s[f'{prefix}tok_s_ratio']:.3f} ({s[f'{prefix}tok_s_ratio_min']:.3f}) "
-                f"| {s['vllm_ttft_p50_ms']:.1f} / {s[f'{key}_ttft_p50_ms']:.1f} "
-                f"| {s[f'{prefix}ttft_p50_delta_ms']:+.1f} "
-                f"| {s['vllm_tpot_p50_ms']:.2f} / {s[f'{key}_tpot_p50_ms']:.2f} |"
+    """One row per concurrency and target: mean (min–max) over repeats; the app's ratios are
+    to the best `vllm serve` of the same repeat."""
+    lines = [
+        "| conc | target | runs × requests | tok/s | TTFT p50 ms | ITL p50 ms "
+        "| tok/s ÷ best vllm | TTFT p50 Δ ms | ITL p50 ÷ best vllm |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in summary:
+        for name, t in s["targets"].items():
+            label = f"{name} (best)" if name == s["best_vllm"] and len(s["targets"]) > 2 else name
+            vs = t.get("vs_best_vllm")
+            ratios = (
+                f"{_fmt(vs['tok_s_ratio'], '.3f')} | {_fmt(vs['ttft_p50_delta_ms'], '+.1f')} "
+                f"| {_fmt(vs['itl_p50_ratio'], '.2f')}"
+                if vs
+                else "| |"
             )
-        sections.append("\n".join(lines))
-    return "\n\n".join(sections)
+            lines.append(
+                f"| {s['concurrency']} | {label} | {t['runs']} × {t['requests']} "
+                f"| {_fmt(t['tok_s'], ',.0f')} | {_fmt(t['ttft_p50_ms'], '.1f')} "
+                f"| {_fmt(t['itl_p50_ms'], '.1f')} | {ratios} |"
+            )
+    return "\n".join(lines)
 
 
 def plot(summary: list[dict[str, Any]], path: Path, title: str) -> None:
-    """Output tok/s of both servers and TTFT p50 per concurrency, side by side."""
+    """Output tok/s and TTFT p50 of every target per concurrency, side by side (bars: means,
+    whiskers: min-max over repeats)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     concs = [str(s["concurrency"]) for s in summary]
-    x = range(len(concs))
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    series = [("vllm", "vllm serve")] + [
-        (key, target) for target, key in APP_TARGETS if f"{key}_tok_s" in summary[0]
-    ]
-    width = 0.8 / len(series)
-    for n, (key, label) in enumerate(series):
-        offset = (n - (len(series) - 1) / 2) * width
-        left.bar([i + offset for i in x], [s[f"{key}_tok_s"] for s in summary], width, label=label)
-        right.bar(
-            [i + offset for i in x], [s[f"{key}_ttft_p50_ms"] for s in summary], width, label=label
-        )
+    names = list(dict.fromkeys(n for s in summary for n in s["targets"]))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / len(names)
+    for n, name in enumerate(names):
+        xs = [i + (n - (len(names) - 1) / 2) * width for i in range(len(concs))]
+        for ax, key in ((left, "tok_s"), (right, "ttft_p50_ms")):
+            stats = [s["targets"].get(name, {}).get(key) for s in summary]
+            mean = [st["mean"] if st else 0.0 for st in stats]
+            err = [
+                [st["mean"] - st["min"] if st else 0.0 for st in stats],
+                [st["max"] - st["mean"] if st else 0.0 for st in stats],
+            ]
+            ax.bar(xs, mean, width, yerr=err, capsize=2, label=name)
     for ax, ylabel in ((left, "output tok/s"), (right, "TTFT p50 (ms, log)")):
-        ax.set_xticks(list(x), concs)
+        ax.set_xticks(list(range(len(concs))), concs)
         ax.set_xlabel("concurrency")
         ax.set_ylabel(ylabel)
-        ax.legend()
+        ax.legend(fontsize=7)
     right.set_yscale("log")
-    for i, s in enumerate(summary):
-        left.annotate(f"{s['tok_s_ratio']:.2f}x", (i, max(s[f"{k}_tok_s"] for k, _ in series)))
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -268,11 +303,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--profile", default="low-latency")
     parser.add_argument("--concurrency", default="1,4,64,256")
-    parser.add_argument("--num-prompts", type=int, default=200, help="at least 2x concurrency")
+    parser.add_argument(
+        "--num-prompts", type=int, default=0, help="requests per run, at least (see --min-cell-s)"
+    )
+    parser.add_argument(
+        "--min-cell-s",
+        type=float,
+        default=20,
+        help="size each run to last at least this long (from a pilot run per concurrency), "
+        "and to have at least 4 x concurrency requests",
+    )
     parser.add_argument("--input-len", type=int, default=165)
     parser.add_argument("--range-ratio", type=float, default=0.8, help="165±80%%: 33-297 tokens")
     parser.add_argument("--output-len", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--run-timeout-s", type=float, default=600)
     parser.add_argument("--app-env", action="append", default=[], help="KEY=VALUE for the app")
@@ -284,13 +328,24 @@ def main(argv: list[str] | None = None) -> int:
         help="extra `vllm serve` flag (not an engine argument): --vllm-arg=--api-server-count=4",
     )
     parser.add_argument(
+        "--vllm-api-servers",
+        default="",
+        help="one `vllm serve` per count, e.g. 1,2,4,8 (--api-server-count); the app's ratios "
+        "are to the best",
+    )
+    parser.add_argument(
+        "--app-arg",
+        action="append",
+        default=[],
+        help="extra `serve-app run` flag, e.g. --app-arg=--serve-proxy",
+    )
+    parser.add_argument(
         "--app-pythonpath", help="run the app from another checkout (e.g. a git worktree)"
     )
     parser.add_argument(
-        "--haproxy",
+        "--serve-proxy-target",
         action="store_true",
-        help="run the app behind HAProxy (serve-app run --haproxy); Serve's fallback proxy "
-        "becomes a target too",
+        help="also bench Serve's proxy, HAProxy's fallback (port 8500)",
     )
     parser.add_argument(
         "--direct-ingress",
@@ -336,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     logs = args.out / "logs"
     vllm_env = _env_pairs(args.vllm_env)
+    api_servers = [int(n) for n in args.vllm_api_servers.split(",") if n]
     with servers(
         args.profile,
         ports,
@@ -343,29 +399,36 @@ def main(argv: list[str] | None = None) -> int:
         app_env,
         vllm_env,
         args.vllm_arg,
-        args.haproxy,
-        args.direct_ingress,
-        not args.no_server_timing,
+        app_args=args.app_arg,
+        fallback_proxy=args.serve_proxy_target,
+        direct_ingress=args.direct_ingress,
+        server_timing=not args.no_server_timing,
+        api_servers=api_servers,
     ) as (targets, profile):
         from serve_app.engine.builtin_model import resolve_model
 
         model, tokenizer = _served_name(profile.model), resolve_model(profile.model)
         for server in targets if concurrencies else []:  # warm-up: compile, fill caches
             bench_once(server, model, tokenizer, args, 4, args.out, WARM_UP_PROMPTS)
+        cells: dict[int, int] = {}
         for conc in concurrencies:
+            cells[conc] = cell_prompts(targets[0], model, tokenizer, args, conc)
             for rep in range(args.repeats):
-                for server in targets if rep % 2 == 0 else targets[::-1]:
-                    row = bench_once(server, model, tokenizer, args, conc, args.out)
+                shift = rep % len(targets)  # each target goes first in turn
+                for server in targets[shift:] + targets[:shift]:
+                    row = bench_once(server, model, tokenizer, args, conc, args.out, cells[conc])
                     rows.append({"target": server.name, "concurrency": conc, "repeat": rep, **row})
                     cpu = ", ".join(f"{k} {v:.2f}" for k, v in row["cpu_cores_by_role"].items())
                     print(
-                        f"c={conc} rep={rep} {server.name:>11}: "
+                        f"c={conc} rep={rep} {server.name:>14}: "
                         f"{row['output_throughput']:,.0f} tok/s, "
-                        f"TTFT p50 {row['median_ttft_ms']:.1f} ms; CPU cores: {cpu}",
+                        f"TTFT p50 {row['median_ttft_ms']:.1f} ms, "
+                        f"ITL p50 {row['median_itl_ms']:.1f} ms, {row['duration']:.1f} s; "
+                        f"CPU cores: {cpu}",
                         flush=True,
                     )
-        if rows:  # written before the servers stop: a run cut short at shutdown keeps them
-            write_report(args, profile, app_env, started, rows)
+            # written as each concurrency ends: a run cut short keeps what it measured
+            write_report(args, profile, app_env, started, rows, cells)
         if args.harness:
             run_harness(
                 args.harness,
@@ -384,6 +447,7 @@ def write_report(
     app_env: dict[str, str],
     started: float,
     rows: list[dict[str, Any]],
+    cells: dict[int, int],
 ) -> None:
     summary = summarize(rows)
     report = {
@@ -391,6 +455,7 @@ def write_report(
         "args": {k: str(v) for k, v in vars(args).items()},
         "app_env": app_env,
         "started": started,
+        "requests_per_run": cells,
         "rows": rows,
         "summary": summary,
     }

@@ -7,6 +7,7 @@ shipped serve_config.yaml (only the ports change) and every test talks to it ove
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import time
 from collections.abc import Iterator
@@ -36,6 +37,31 @@ def free_ports(n: int) -> list[int]:
     finally:
         for s in sockets:
             s.close()
+
+
+def haproxy_ports_env() -> dict[str, str]:
+    """Free ports for what Serve's HAProxy mode (the default HTTP path) opens besides the app's
+    own port, which Ray fixes otherwise (8404, 9101, 8500, 9500): apps the tests start run side
+    by side with the shared one."""
+    names = (
+        "RAY_SERVE_HAPROXY_STATS_PORT",
+        "RAY_SERVE_HAPROXY_METRICS_PORT",
+        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT",
+        "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT",
+    )
+    return dict(zip(names, map(str, free_ports(len(names))), strict=True))
+
+
+@contextlib.contextmanager
+def environ_restored() -> Iterator[None]:
+    """os.environ as it was on exit: what Ray's processes took at start stays theirs, and the
+    apps tests start (as subprocesses) do not inherit it."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 @dataclass
@@ -133,9 +159,15 @@ def app_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppServer]:
 
     dashboard_port, metrics_port, http_port = free_ports(3)
     # Four logical CPUs on two cores: the two engines plus room for an autoscaled replica.
-    dashboard = start_local_ray(
-        dashboard_port=dashboard_port, metrics_port=metrics_port, num_cpus=4, log_to_driver=False
-    )
+    # HTTP through HAProxy, as `serve-app run` serves by default.
+    with environ_restored():
+        os.environ.update(haproxy_ports_env())
+        dashboard = start_local_ray(
+            dashboard_port=dashboard_port,
+            metrics_port=metrics_port,
+            num_cpus=4,
+            log_to_driver=False,
+        )
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     config["http_options"]["port"] = http_port
     # An empty key file: the API is open until a test writes keys into it (they reload live).

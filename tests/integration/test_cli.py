@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from serve_app.engine.watchdog import stop
-from tests.integration.conftest import free_ports
+from tests.integration.conftest import free_ports, haproxy_ports_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -49,7 +49,10 @@ def test_stopping_leaves_no_engine_behind(tmp_path: Path, how: str) -> None:
         "--dashboard-port", str(dashboard), "--metrics-port", str(metrics),
     ]  # fmt: skip
     log = (tmp_path / "run.log").open("w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    env = {**os.environ, **haproxy_ports_env()}
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     seen: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + 300

@@ -1,8 +1,8 @@
-"""`serve-app run --haproxy`: HAProxy takes the HTTP port and forwards to the ingress replica's
-own HTTP server (Serve's direct ingress); the API behaves the same through either, and nothing
-listens beyond 127.0.0.1 (Ray binds HAProxy's stats and metrics frontends on every interface
-unless serve_app/haproxy_loopback.py moves them). Its latency is measured by the streaming
-benchmark.
+"""`serve-app run`'s default HTTP path: HAProxy takes the HTTP port and forwards to the ingress
+replica's own HTTP server (Serve's direct ingress); the API behaves the same through either,
+and nothing listens beyond 127.0.0.1 (Ray binds HAProxy's stats and metrics frontends on every
+interface unless serve_app/haproxy_loopback.py moves them). Its latency is measured by the
+streaming benchmark.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import yaml
 
 from serve_app.bench.servers import direct_ingress_url, stop_process
 from serve_app.cli import wait_ok
-from tests.integration.conftest import ROOT, free_ports, stream_then_leave
+from tests.integration.conftest import ROOT, free_ports, haproxy_ports_env, stream_then_leave
 from tests.integration.test_app import MODEL, sse_events
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -37,7 +37,7 @@ class HAProxyApp:
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HAProxyApp]:
-    """An app with one pool, run by `serve-app run --haproxy`."""
+    """An app with one pool, run by `serve-app run` as a user runs it."""
     http_port, dashboard_port, metrics_port = free_ports(3)
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     config["http_options"]["port"] = http_port
@@ -50,18 +50,18 @@ def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HAProxyApp]:
         sys.executable, "-m", "serve_app", "run", str(tmp / "serve_config.yaml"),
         "--dashboard-port", str(dashboard_port), "--metrics-port", str(metrics_port),
     ]  # fmt: skip
-    stats_port, metrics_port = free_ports(2)  # HAProxy's, instead of the fixed 8404 and 9101
-    env = {
-        **os.environ,
-        "RAY_SERVE_HAPROXY_STATS_PORT": str(stats_port),
-        "RAY_SERVE_HAPROXY_METRICS_PORT": str(metrics_port),
-    }
+    haproxy_ports = haproxy_ports_env()  # instead of Ray's fixed 8404, 9101, 8500, 9500
+    env = {**os.environ, **haproxy_ports}
     with (tmp / "app.log").open("wb") as log:
-        proc = subprocess.Popen([*cmd, "--haproxy"], env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         proxy = f"http://127.0.0.1:{http_port}"
         wait_ok(f"{proxy}/ready", 400, proc=proc)
-        ports = {"http": http_port, "stats": stats_port, "metrics": metrics_port}
+        ports = {
+            "http": http_port,
+            "stats": int(haproxy_ports["RAY_SERVE_HAPROXY_STATS_PORT"]),
+            "metrics": int(haproxy_ports["RAY_SERVE_HAPROXY_METRICS_PORT"]),
+        }
         yield HAProxyApp(proxy, direct_ingress_url(proc.pid), proc.pid, ports)
     finally:
         stop_process(proc, timeout_s=180)

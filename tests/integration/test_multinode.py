@@ -27,7 +27,7 @@ import psutil
 import pytest
 import yaml
 
-from serve_app.cli import SERVE_ENV
+from serve_app.cli import SERVE_ENV, SERVE_PROXY_ENV
 from tests.integration.conftest import ROOT, engine_core_of, free_ports, wait_ended
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -119,6 +119,9 @@ def cluster() -> Iterator[LoopbackCluster]:
         "RAY_USAGE_STATS_ENABLED": "0",
         "SERVE_APP_PLATFORM": "cpu",  # the GPUs are simulated: engines run on the CPU build
         **SERVE_ENV,  # Serve in the mode `serve-app run` uses
+        # Serve's proxy on each node: two HAProxies on one machine would share Ray's fixed
+        # stats, metrics and fallback ports (a real cluster has one node per machine)
+        **SERVE_PROXY_ENV,
     }
     c = LoopbackCluster(
         temp_dir=temp_dir,

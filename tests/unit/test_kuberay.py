@@ -1,3 +1,4 @@
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -101,13 +102,26 @@ def test_export_prints_what_the_rayservice_carries(capsys: pytest.CaptureFixture
 
 
 def test_every_ray_container_runs_serve_in_the_apps_mode() -> None:
-    from serve_app.cli import SERVE_ENV
+    """Serve's settings as `serve-app run` has them, HAProxy (through the loopback launcher the
+    image installs, cluster/Dockerfile) the HTTP path."""
+    from serve_app.cli import HAPROXY_ENV, SERVE_ENV
+    from serve_app.haproxy_loopback import BINARY_ENV
 
     cluster = rayservice()["spec"]["rayClusterConfig"]
     groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+    dockerfile = (ROOT / "cluster" / "Dockerfile").read_text()
     for group in groups:
         env = {e["name"]: e["value"] for e in group["template"]["spec"]["containers"][0]["env"]}
-        assert SERVE_ENV.items() <= env.items()
+        assert (SERVE_ENV | HAPROXY_ENV).items() <= env.items()
+        assert env[BINARY_ENV].endswith("/serve-app-haproxy") and env[BINARY_ENV] in dockerfile
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    script = pyproject["project"]["scripts"]["serve-app-haproxy"]
+    assert script == "serve_app.haproxy_loopback:cli"
+    launcher = yaml.safe_load((ROOT / "cluster" / "ray-cluster.yaml").read_text())
+    starts = launcher["head_start_ray_commands"] + launcher["worker_start_ray_commands"]
+    for start in [c for c in starts if "ray start" in c]:
+        assert all(f"{k}={v}" in start for k, v in HAPROXY_ENV.items())
+        assert f"{BINARY_ENV}=$(command -v serve-app-haproxy)" in start
 
 
 def ray_pod_specs() -> list[dict[str, Any]]:

@@ -1,45 +1,61 @@
 from pathlib import Path
 
-from serve_app.bench import streaming
+from serve_app.bench import servers, streaming
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def row(target: str, tok_s: float, ttft: float, conc: int = 4) -> dict[str, object]:
-    """One `vllm bench serve` result as the bench records it."""
+def row(target: str, tok_s: float, ttft: float, repeat: int, itl: float = 5.0) -> dict[str, object]:
+    """One `vllm bench serve` result as the bench records it (concurrency 4)."""
     return {
         "target": target,
-        "concurrency": conc,
+        "concurrency": 4,
+        "repeat": repeat,
         "output_throughput": tok_s,
         "median_ttft_ms": ttft,
-        "median_tpot_ms": 5.0,
+        "median_itl_ms": itl,
+        "median_tpot_ms": itl,
+        "completed": 16,
+        "duration": 20.0,
     }
 
 
-def test_summary_pairs_runs_and_takes_ratios() -> None:
-    rows = [row("vllm serve", 100, 10), row("app", 90, 13), row("app", 100, 12)]
-    rows.append(row("vllm serve", 100, 10))
+def test_summary_pairs_runs_by_repeat_and_takes_ratios() -> None:
+    rows = [row("vllm serve", 100, 10, 0), row("app", 90, 13, 0, itl=10)]
+    rows += [row("app", 100, 12, 1, itl=10), row("vllm serve", 100, 10, 1)]
     (s,) = streaming.summarize(rows)
-    assert s["tok_s_ratio"] == 0.95 and s["tok_s_ratio_min"] == 0.9
-    assert s["ttft_p50_delta_ms"] == 2.5
-    assert "| 4 | 100 | 95 | 0.950 (0.900)" in streaming.table([s])
-
-
-def test_summary_takes_the_direct_ingress_target_against_vllm_too() -> None:
-    rows = [row("vllm serve", 100, 10, 1), row("app", 80, 20, 1), row("app direct", 90, 15, 1)]
-    (s,) = streaming.summarize(rows)
-    assert s["tok_s_ratio"] == 0.8 and s["ttft_p50_delta_ms"] == 10
-    assert s["direct_tok_s_ratio"] == 0.9 and s["direct_ttft_p50_delta_ms"] == 5
+    app = s["targets"]["app"]
+    assert s["best_vllm"] == "vllm serve" and app["runs"] == 2
+    assert app["vs_best_vllm"]["tok_s_ratio"] == {"mean": 0.95, "min": 0.9, "max": 1.0}
+    assert app["vs_best_vllm"]["ttft_p50_delta_ms"] == {"mean": 2.5, "min": 2.0, "max": 3.0}
+    assert app["vs_best_vllm"]["itl_p50_ratio"]["mean"] == 2.0
     text = streaming.table([s])
-    assert "| 1 | 100 | 80 | 0.800 (0.800)" in text and "| 1 | 100 | 90 | 0.900 (0.900)" in text
-    assert "app direct tok/s" in text
+    assert "| 4 | app | 2 × 16 | 95 (90–100) |" in text
+    assert "| 0.950 (0.900–1.000) | +2.5 (+2.0–+3.0) | 2.00 |" in text
+
+
+def test_the_app_is_compared_with_the_best_vllm_serve_of_each_repeat() -> None:
+    rows = [row("vllm serve x1", 80, 10, r) for r in (0, 1)]
+    rows += [row("vllm serve x4", v, 10, r) for r, v in ((0, 100), (1, 120))]
+    rows += [row("app", v, 11, r) for r, v in ((0, 100), (1, 108))]
+    (s,) = streaming.summarize(rows)
+    assert s["best_vllm"] == "vllm serve x4"
+    ratio = s["targets"]["app"]["vs_best_vllm"]["tok_s_ratio"]
+    assert (ratio["min"], ratio["max"]) == (0.9, 1.0)
+    assert "vllm serve x1" in s["targets"] and "vs_best_vllm" not in s["targets"]["vllm serve x1"]
+    assert "| 4 | vllm serve x4 (best) |" in streaming.table([s])
+
+
+def test_one_vllm_serve_per_api_server_count() -> None:
+    assert servers.vllm_variants(["--x"], []) == [("vllm serve", ["--x"])]
+    named = servers.vllm_variants([], [1, 4])
+    assert named == [
+        ("vllm serve x1", ["--api-server-count=1"]),
+        ("vllm serve x4", ["--api-server-count=4"]),
+    ]
 
 
 def test_plot_writes_a_png(tmp_path: Path) -> None:
-    summary = [
-        {"concurrency": c, "vllm_tok_s": 100.0 * c, "app_tok_s": 90.0 * c, "tok_s_ratio": 0.9}
-        | {"vllm_ttft_p50_ms": 10.0, "app_ttft_p50_ms": 12.0}
-        for c in (1, 64)
-    ]
-    streaming.plot(summary, tmp_path / "s.png", "t")
+    rows = [row("vllm serve", 100, 10, r) for r in (0, 1)] + [row("app", 90, 12, 0)]
+    streaming.plot(streaming.summarize(rows), tmp_path / "s.png", "t")
     assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
