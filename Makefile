@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 CHAT_PORT ?= 8001
 PYTEST_ARGS ?=
-# extra `serve-app run` flags, e.g. RUN_ARGS=--haproxy
+# extra `serve-app run` flags, e.g. RUN_ARGS=--serve-proxy (Serve's proxy instead of HAProxy)
 RUN_ARGS ?=
 
 .PHONY: venv venv-chat system-deps run chat test unit lint typecheck dashboard clean
