@@ -26,6 +26,7 @@ import asyncio
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -392,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     logs = args.out / "logs"
     vllm_env = _env_pairs(args.vllm_env)
     api_servers = [int(n) for n in args.vllm_api_servers.split(",") if n]
+    # a SIGTERM unwinds like Ctrl-C, so the servers below are stopped on the way out
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with servers(
         args.profile,
         ports,
