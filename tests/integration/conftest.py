@@ -20,7 +20,8 @@ import psutil
 import pytest
 import yaml
 
-from serve_app.cli import descendants, reap, serve_deploy, start_local_ray, wait_ok
+from serve_app import haproxy_loopback
+from serve_app.cli import HAPROXY_FILES, descendants, reap, serve_deploy, start_local_ray, wait_ok
 from serve_app.engine.watchdog import running
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,15 +54,16 @@ def haproxy_ports_env() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def environ_restored() -> Iterator[None]:
-    """os.environ as it was on exit: what Ray's processes took at start stays theirs, and the
-    apps tests start (as subprocesses) do not inherit it."""
-    saved = dict(os.environ)
+def haproxy_env_kept_to_ray(ports: dict[str, str]) -> Iterator[None]:
+    """HAProxy's ports (and, from start_local_ray, its files and launcher) in os.environ while
+    Ray starts, removed after: Ray's processes keep them, and the apps tests start (as
+    subprocesses) get their own."""
+    os.environ.update(ports)
     try:
         yield
     finally:
-        os.environ.clear()
-        os.environ.update(saved)
+        for key in [*ports, *HAPROXY_FILES, haproxy_loopback.BINARY_ENV]:
+            os.environ.pop(key, None)
 
 
 @dataclass
@@ -160,8 +162,7 @@ def app_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppServer]:
     dashboard_port, metrics_port, http_port = free_ports(3)
     # Four logical CPUs on two cores: the two engines plus room for an autoscaled replica.
     # HTTP through HAProxy, as `serve-app run` serves by default.
-    with environ_restored():
-        os.environ.update(haproxy_ports_env())
+    with haproxy_env_kept_to_ray(haproxy_ports_env()):
         dashboard = start_local_ray(
             dashboard_port=dashboard_port,
             metrics_port=metrics_port,
