@@ -7,6 +7,7 @@ goes through `serve deploy`, exactly as on a real cluster.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import os
 import shutil
@@ -96,6 +97,7 @@ def start_local_ray(
     os.environ.update(SINGLE_NODE_ENV)
     haproxy = haproxy and os.environ.get("RAY_SERVE_ENABLE_HA_PROXY", "1") != "0"
     run_dir = Path(tempfile.mkdtemp(prefix="serve-app-"))
+    atexit.register(shutil.rmtree, run_dir, True)  # as the launcher's directory was before
     for key, value in {**SERVE_ENV, **http_path_env(haproxy, run_dir)}.items():
         os.environ.setdefault(key, value)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
