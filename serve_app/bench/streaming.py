@@ -6,8 +6,9 @@
 Starts the servers on 127.0.0.1 from one profile resolved for this machine's platform: `vllm serve`
 with the profile's engine arguments as flags (one per count in --vllm-api-servers, e.g. 1,2,4,8,
 to find vLLM's best configuration), and the app (`serve-app run`, its default HTTP path) with
-that profile as its only pool. Per concurrency, a pilot run against the first `vllm serve` sizes
-the cells: each run has at least 4 x concurrency requests and lasts at least --min-cell-s. Then,
+that profile as its only pool. Per concurrency, a pilot run against each server sizes
+the cells: each run has at least 4 x concurrency requests and lasts at least --min-cell-s against
+the fastest server (longer against the others). Then,
 per repeat, `vllm bench serve` runs against each server in turn (the order rotating per repeat),
 and the report gives per concurrency every target's output tok/s, TTFT p50 and median
 inter-token latency (min-max over repeats) and the app's ratios to the best `vllm serve` of the
@@ -42,6 +43,7 @@ from serve_app.profiles import ResolvedProfile
 
 ROOT = Path(__file__).resolve().parents[2]
 WARM_UP_PROMPTS = 16  # per target before measuring: compile, fill caches
+PILOT_PROMPTS = 16  # per target and concurrency at least, to size the runs
 METRICS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms")
 
 
@@ -127,16 +129,20 @@ def bench_once(
 
 
 def cell_prompts(
-    server: Server, model: str, tokenizer: str, args: argparse.Namespace, conc: int
+    targets: list[Server], model: str, tokenizer: str, args: argparse.Namespace, conc: int
 ) -> int:
-    """Requests per run at this concurrency: at least --num-prompts and 4 x conc, and enough to
-    last --min-cell-s at the rate a pilot run (dropped) against `server` reached."""
+    """Requests per run at this concurrency: at least --num-prompts and 4 x conc, and enough that
+    a run against the fastest target lasts --min-cell-s (from a short pilot run against each,
+    dropped; the pilots also warm every server at this concurrency)."""
     floor: int = max(args.num_prompts, 4 * conc)
     if args.min_cell_s <= 0:
         return floor
-    pilot = bench_once(server, model, tokenizer, args, conc, args.out, floor)
-    rate = float(pilot["completed"]) / float(pilot["duration"])
-    return max(floor, math.ceil(rate * float(args.min_cell_s) * 1.1))
+    pilot_prompts = max(4 * conc, PILOT_PROMPTS)
+    rates = []
+    for server in targets:
+        pilot = bench_once(server, model, tokenizer, args, conc, args.out, pilot_prompts)
+        rates.append(float(pilot["completed"]) / float(pilot["duration"]))
+    return max(floor, math.ceil(round(max(rates) * float(args.min_cell_s) * 1.1, 6)))
 
 
 def run_harness(
@@ -415,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
             bench_once(server, model, tokenizer, args, 4, args.out, WARM_UP_PROMPTS)
         cells: dict[int, int] = {}
         for conc in concurrencies:
-            cells[conc] = cell_prompts(targets[0], model, tokenizer, args, conc)
+            cells[conc] = cell_prompts(targets, model, tokenizer, args, conc)
             for rep in range(args.repeats):
                 shift = rep % len(targets)  # each target goes first in turn
                 for server in targets[shift:] + targets[:shift]:

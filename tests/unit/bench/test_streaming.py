@@ -1,3 +1,4 @@
+import argparse
 from pathlib import Path
 
 from serve_app.bench import servers, streaming
@@ -59,3 +60,20 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
     rows = [row("vllm serve", 100, 10, r) for r in (0, 1)] + [row("app", 90, 12, 0)]
     streaming.plot(streaming.summarize(rows), tmp_path / "s.png", "t")
     assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_runs_are_sized_to_last_the_minimum_against_the_fastest_server(monkeypatch) -> None:
+    rates = {"vllm serve x1": 2.0, "vllm serve x4": 5.0, "app": 4.0}  # requests/s
+    piloted: list[tuple[str, int]] = []
+
+    def pilot(server, model, tokenizer, args, conc, out, prompts):  # type: ignore[no-untyped-def]
+        piloted.append((server.name, prompts))
+        return {"completed": prompts, "duration": prompts / rates[server.name]}
+
+    monkeypatch.setattr(streaming, "bench_once", pilot)
+    targets = [servers.Server(name, "http://127.0.0.1:1", None) for name in rates]  # type: ignore[arg-type]
+    args = argparse.Namespace(num_prompts=0, min_cell_s=20.0, out=Path("."))
+    assert streaming.cell_prompts(targets, "m", "t", args, conc=8) == 110  # 5 req/s x 20 s x 1.1
+    assert piloted == [(name, 32) for name in rates]  # each server once, 4 x concurrency
+    args.min_cell_s = 0
+    assert streaming.cell_prompts(targets, "m", "t", args, conc=64) == 256  # 4 x concurrency
