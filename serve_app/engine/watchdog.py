@@ -11,9 +11,11 @@ So the replica starts this watchdog first, as its own process in its own session
 read end of a pipe whose write end only the replica has. While the pipe is open the watchdog
 keeps a list of the replica's descendants; when it reads end-of-file (the kernel closes the write
 end as the replica exits, even on SIGKILL) it stops every process on the list: SIGTERM, then
-SIGKILL after a grace period. It then exits itself. A replica whose own parent (Ray's raylet)
-dies is cut off from Ray, which will neither use it nor stop it, while its worker can linger for
-minutes: the watchdog then ends it as well, engine first.
+SIGKILL after a grace period. It then exits itself. The replica goes on only once the watchdog
+holds it (says so on its stdout), so a replica killed while the watchdog starts is still seen.
+A replica whose own parent (Ray's raylet) dies is cut off from Ray, which will neither use it
+nor stop it, while its worker can linger for minutes: the watchdog then ends it as well, engine
+first.
 """
 
 from __future__ import annotations
@@ -35,12 +37,18 @@ class Watchdog:
     """The replica's side: a running watchdog and the pipe's write end."""
 
     def __init__(self, period_s: float = POLL_S, grace_s: float = GRACE_S) -> None:
-        command = [sys.executable, "-m", __name__, str(os.getpid()), str(period_s), str(grace_s)]
+        pids = [str(os.getpid()), str(os.getppid())]  # this replica and its raylet
+        command = [sys.executable, "-m", __name__, *pids, str(period_s), str(grace_s)]
         # Its own session: a signal to the replica's process group does not end the watchdog
         # before it has done its work. The pipe is not inheritable, so no later child of the
         # replica keeps it open.
-        self._proc = subprocess.Popen(command, stdin=subprocess.PIPE, start_new_session=True)
+        self._proc = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True
+        )
         self._pipe: IO[bytes] | None = self._proc.stdin
+        assert self._proc.stdout is not None
+        with self._proc.stdout as ready:  # until the watchdog holds this process (or failed)
+            ready.readline()
 
     @property
     def pid(self) -> int:
@@ -86,10 +94,11 @@ def _orphaned(parent: psutil.Process, first_ppid: int) -> bool:
         return False  # the replica itself is gone: the pipe says so
 
 
-def watch(parent_pid: int, period_s: float, grace_s: float) -> None:
+def watch(parent_pid: int, first_ppid: int, period_s: float, grace_s: float) -> None:
+    """Watch `parent_pid` (whose own parent was `first_ppid`) until its pipe closes."""
     me = os.getpid()
     parent = psutil.Process(parent_pid)
-    first_ppid: int = parent.ppid()
+    print("watching", flush=True)  # the replica waits for this line
     seen: dict[int, psutil.Process] = {}
     why = "gone"
     cut_off = False
@@ -130,4 +139,4 @@ def _describe(p: psutil.Process) -> str:
 
 
 if __name__ == "__main__":
-    watch(int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]))
+    watch(int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]))

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -31,18 +33,32 @@ time.sleep(300)
 """
 
 
-def start_replica(*args: str) -> tuple[subprocess.Popen[str], psutil.Process, psutil.Process]:
+def slow_start_env(tmp_path: Path) -> dict[str, str]:
+    """Every Python started with this environment (the watchdog too) takes 1 s more to start,
+    as on a loaded machine: a replica then ends, or loses its raylet, before its watchdog runs."""
+    (tmp_path / "sitecustomize.py").write_text("import time\ntime.sleep(1.0)\n")
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path}
+
+
+def start_replica(
+    *args: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], psutil.Process, psutil.Process]:
     proc = subprocess.Popen(
-        [sys.executable, "-c", REPLICA, *args], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", REPLICA, *args], stdout=subprocess.PIPE, text=True, env=env
     )
     assert proc.stdout is not None
     dog_pid, child_pid = map(int, proc.stdout.readline().split())
     return proc, psutil.Process(dog_pid), psutil.Process(child_pid)
 
 
+@pytest.mark.parametrize("slow_start", [False, True])
 @pytest.mark.parametrize("child", ["polite", "stubborn"])
-def test_a_killed_process_takes_its_descendants_with_it(child: str) -> None:
-    proc, dog, engine = start_replica(child, "keep")
+def test_a_killed_process_takes_its_descendants_with_it(
+    child: str, slow_start: bool, tmp_path: Path
+) -> None:
+    env = slow_start_env(tmp_path) if slow_start else None
+    proc, dog, engine = start_replica(child, "keep", env=env)
     try:
         proc.send_signal(signal.SIGKILL)  # no cleanup code runs in the replica
         proc.wait(5)
@@ -64,9 +80,13 @@ time.sleep(300)
 """
 
 
-def test_a_replica_whose_raylet_dies_ends_with_its_engine() -> None:
+@pytest.mark.parametrize("slow_start", [False, True])
+def test_a_replica_whose_raylet_dies_ends_with_its_engine(slow_start: bool, tmp_path: Path) -> None:
     """Ray does not stop a replica whose raylet died; the watchdog ends it and its engine."""
-    raylet = subprocess.Popen([sys.executable, "-c", RAYLET], stdout=subprocess.PIPE, text=True)
+    env = slow_start_env(tmp_path) if slow_start else None
+    raylet = subprocess.Popen(
+        [sys.executable, "-c", RAYLET], stdout=subprocess.PIPE, text=True, env=env
+    )
     assert raylet.stdout is not None
     replica_pid, dog_pid, child_pid = map(int, raylet.stdout.readline().split())
     procs = [psutil.Process(pid) for pid in (replica_pid, dog_pid, child_pid)]
