@@ -212,15 +212,26 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        import ray
-        from ray import serve
-
         started_here = descendants()
-        if ray.is_initialized():
-            serve.shutdown()
-            ray.shutdown()
+        stop_serve_and_ray()
         reap(started_here)
     return 0
+
+
+def stop_serve_and_ray() -> None:
+    """Delete the app and stop this process's Ray, whatever state Serve is in."""
+    import ray
+    from ray import serve
+
+    if not ray.is_initialized():
+        return
+    try:
+        serve.shutdown()
+    except ray.exceptions.RayError as e:
+        # `serve shutdown` ran first and its controller is still dying (Ray finds the actor by
+        # name, then the call to it fails): Serve is gone, Ray must stop all the same
+        print(f"serve-app: Serve was already stopping ({type(e).__name__})", flush=True)
+    ray.shutdown()
 
 
 def _stop_on_signals() -> None:

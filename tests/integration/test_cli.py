@@ -75,7 +75,7 @@ def test_stopping_leaves_no_engine_behind(tmp_path: Path, how: str) -> None:
             assert not alive and proc.poll() is None, alive  # engines gone, Ray still up
             seen = [p for p in seen if p.is_running()]
         proc.send_signal(signal.SIGINT if how == "SIGINT" else signal.SIGTERM)
-        assert proc.wait(timeout=120) == 0
+        assert proc.wait(timeout=120) == 0, (tmp_path / "run.log").read_text()[-3000:]
         _, alive = psutil.wait_procs(seen, timeout=30)
         assert not alive, [(p.pid, p.name()) for p in alive]
     finally:
