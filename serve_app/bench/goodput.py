@@ -350,15 +350,18 @@ def goals(records: list[dict[str, Any]]) -> str:
         rows = runs(policy, multiple)
         return statistics.median(r["goodput_req_s"] for r in rows) if rows else None
 
-    slo = [r for r in records if r["policy"] == "slo"]
-    if not slo:
+    # the SLO policy: `slo`, or `slo:<placement>` when one placement ran
+    names = [p for p in dict.fromkeys(r["policy"] for r in records) if p.split(":")[0] == "slo"]
+    if len(names) != 1:
         return ""
+    name = names[0]
+    slo = [r for r in records if r["policy"] == name]
     multiples = sorted({r["multiple"] for r in slo})
-    peak = max(median_goodput("slo", m) or 0.0 for m in multiples)
-    baselines = sorted({r["policy"] for r in records} - {"slo"})
-    out = ["Goals (each repeat checked against the other policies' median):", ""]
+    peak = max(median_goodput(name, m) or 0.0 for m in multiples)
+    baselines = sorted({r["policy"] for r in records} - {name})
+    out = [f"Goals for {name} (each repeat checked against the other policies' median):", ""]
     top = max(multiples)
-    at_top = runs("slo", top)
+    at_top = runs(name, top)
     if at_top:
         worst = min(r["goodput_req_s"] for r in at_top)
         out.append(
@@ -374,7 +377,7 @@ def goals(records: list[dict[str, Any]]) -> str:
             )
     if 1.0 in multiples and baselines:
         best = max((median_goodput(b, 1.0) or 0.0) for b in baselines)
-        worst = min(r["goodput_req_s"] for r in runs("slo", 1.0))
+        worst = min(r["goodput_req_s"] for r in runs(name, 1.0))
         if best:
             out.append(
                 f"- at 1× (the knee), SLO goodput ≥ 1.1× the best baseline ({best:.2f}): min ratio "

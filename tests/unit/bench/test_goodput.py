@@ -104,6 +104,23 @@ def test_goals_are_checked_against_every_repeat() -> None:
     assert "| slo | 2 | 20.00 | 2 | 8.75 (8.00–9.50) |" in report
 
 
+def test_goals_name_the_slo_policy_by_its_placement() -> None:
+    """A sweep of `slo:best-fit` against the baselines is checked like one of `slo`; two SLO
+    placements side by side have no single SLO policy to check."""
+    records = [
+        row("slo:best-fit", 1.0, 10.0),
+        row("slo:best-fit", 2.0, 9.5),
+        row("round-robin", 1.0, 9.0),
+        row("round-robin", 2.0, 4.0),
+    ]
+    text = goals(records)  # type: ignore[arg-type]
+    assert text.startswith("Goals for slo:best-fit")
+    assert "min ratio 2.38 → met" in text  # 9.5 / 4.0 at 2x
+    assert "min ratio 1.11 → met" in text  # against round-robin, not against itself
+    both = [*records, row("slo:headroom", 1.0, 10.0)]
+    assert goals(both) == ""  # type: ignore[arg-type]
+
+
 def test_records_say_where_each_pool_s_first_tokens_went() -> None:
     timed = [sample(i, "interactive", 60.0, pool=("a", "b")[i % 2]) for i in range(4)]
     for s in timed:
