@@ -160,6 +160,11 @@ async def probe_capacity(
     }
 
 
+def is_slo_policy(policy: str) -> bool:
+    """`slo` or `slo:<placement>`: SLO routing, as against the baselines."""
+    return policy.split(":")[0] == "slo"
+
+
 def policy_header(policy: str) -> str:
     return policy.replace("=", ":")
 
@@ -305,7 +310,7 @@ def summarize(records: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
-        if not r["policy"].startswith("slo"):
+        if not is_slo_policy(r["policy"]):
             continue
         for pool, c in r["calibration"].items():
             lines.append(
@@ -322,7 +327,7 @@ def _stage_shares(records: list[dict[str, Any]]) -> str:
     rows = [
         {"target": f"{r['policy']} @ {pool}", "rate": f"{r['multiple']:g}×", "ttft_stages": b}
         for r in records
-        if r["policy"].startswith("slo") and r["repeat"] == 0
+        if is_slo_policy(r["policy"]) and r["repeat"] == 0
         for pool, b in r.get("ttft_stages", {}).items()
     ]
     if not rows:
@@ -350,8 +355,8 @@ def goals(records: list[dict[str, Any]]) -> str:
         rows = runs(policy, multiple)
         return statistics.median(r["goodput_req_s"] for r in rows) if rows else None
 
-    # the SLO policy: `slo`, or `slo:<placement>` when one placement ran
-    names = [p for p in dict.fromkeys(r["policy"] for r in records) if p.split(":")[0] == "slo"]
+    # one SLO policy to check: `slo`, or `slo:<placement>` when one placement ran
+    names = [p for p in dict.fromkeys(r["policy"] for r in records) if is_slo_policy(p)]
     if len(names) != 1:
         return ""
     name = names[0]
