@@ -173,20 +173,24 @@ def servers(
     targets: list[Server] = []
     with (log_dir / "app.log").open("wb") as alog:
         try:
-            # One after the other: vLLM sizes its KV cache from the memory free while it
-            # profiles, which another engine starting on the same GPU at that moment makes wrong
-            # (it then finds none).
+            # vLLM sizes its KV cache from the memory free while it profiles, which another
+            # engine starting on the same GPU at that moment makes wrong (it then finds none):
+            # one after the other, unless the profile fixes the KV cache's size.
+            together = profile.engine.kv_cache_memory_bytes is not None
             for n, (name, flags) in enumerate(vllm_variants(vllm_args, api_servers or [])):
                 port = vllm_port if n == 0 else free_port()
                 log = log_dir / f"{name.replace(' ', '-')}.log"
                 proc = vllm_serve(profile, port, log, flags, vllm_env)
                 started.append(proc)
-                wait_ok(f"http://{LOOPBACK}:{port}/health", 900, proc=proc)
                 targets.append(Server(name, f"http://{LOOPBACK}:{port}", proc))
+                if not together:
+                    wait_ok(f"{targets[-1].url}/health", 900, proc=proc)
             app = subprocess.Popen(
                 app_cmd, env={**os.environ, **app_env}, stdout=alog, stderr=subprocess.STDOUT
             )
             started.insert(0, app)
+            for server in targets if together else []:
+                wait_ok(f"{server.url}/health", 900, proc=server.proc)
             wait_ok(f"http://{LOOPBACK}:{app_port}/ready", 900, proc=app)
             targets.append(Server("app", f"http://{LOOPBACK}:{app_port}", app))
             if fallback_proxy:

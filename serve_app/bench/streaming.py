@@ -135,6 +135,8 @@ def cell_prompts(
     a run against the fastest target lasts --min-cell-s (from a short pilot run against each,
     dropped; the pilots also warm every server at this concurrency)."""
     floor: int = max(args.num_prompts, 4 * conc)
+    if conc in args.requests_per_run:  # sized from an earlier run: no pilots
+        return max(floor, int(args.requests_per_run[conc]))
     if args.min_cell_s <= 0:
         return floor
     pilot_prompts = max(4 * conc, PILOT_PROMPTS)
@@ -300,6 +302,12 @@ def plot(summary: list[dict[str, Any]], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def _conc_counts(text: str) -> dict[int, int]:
+    """'64=960,256=2300' -> {64: 960, 256: 2300}."""
+    pairs = (item.split("=", 1) for item in text.split(",") if item)
+    return {int(conc): int(count) for conc, count in pairs}
+
+
 def _env_pairs(items: list[str]) -> dict[str, str]:
     return dict(item.split("=", 1) for item in items)
 
@@ -319,6 +327,13 @@ def main(argv: list[str] | None = None) -> int:
         default=20,
         help="size each run to last at least this long (from a pilot run per concurrency), "
         "and to have at least 4 x concurrency requests",
+    )
+    parser.add_argument(
+        "--requests-per-run",
+        type=_conc_counts,
+        default={},
+        help="CONC=N,...: requests per run at these concurrencies (at least 4 x CONC), instead "
+        "of sizing them by pilot runs",
     )
     parser.add_argument("--input-len", type=int, default=165)
     parser.add_argument("--range-ratio", type=float, default=0.8, help="165±80%%: 33-297 tokens")

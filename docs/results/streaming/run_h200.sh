@@ -8,7 +8,9 @@
 #   SERVE_APP_SITE=<offline vLLM + Ray install> bash docs/results/streaming/run_h200.sh OUT_DIR
 #
 # With two GPUs the `vllm serve`s run on GPU 0 and the app on GPU 1; with one, all on GPU 0
-# (0.15 of its memory each; one server is driven at a time). CONC and REPEATS override.
+# (0.15 of its memory each, a fixed 16 GiB KV cache, so they start together; one server is driven
+# at a time). CONC, REPEATS, API_SERVERS and REQUESTS (requests per run, CONC=N,...: sized from
+# the rates measured before, so no pilot runs) override.
 set -euo pipefail
 : "${SERVE_APP_SITE:?names the offline vLLM + Ray install (the directory holding env.sh)}"
 OUT=${1:?usage: run_h200.sh OUT_DIR}
@@ -22,6 +24,7 @@ APP_GPU=$(( GPUS > 1 ? 1 : 0 ))
   echo "cores: $(nproc)"; echo "app on GPU $APP_GPU"; } > "$OUT/device.txt" 2>&1
 python3 -m serve_app.bench.streaming --profile h200-stream-shared \
   --concurrency "${CONC:-64,256,1}" --repeats "${REPEATS:-3}" --min-cell-s 20 \
-  --output-len 256 --vllm-api-servers 1,2,4,8 \
+  --output-len 256 --vllm-api-servers "${API_SERVERS:-1,2,4,8}" \
+  --requests-per-run "${REQUESTS:-64=960,256=2300,1=45}" \
   --vllm-env CUDA_VISIBLE_DEVICES=0 --app-env CUDA_VISIBLE_DEVICES=$APP_GPU \
   --out "$OUT" > "$OUT/bench.txt" 2>&1

@@ -1,6 +1,8 @@
 import argparse
 from pathlib import Path
 
+import pytest
+
 from serve_app.bench import servers, streaming
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -72,8 +74,18 @@ def test_runs_are_sized_to_last_the_minimum_against_the_fastest_server(monkeypat
 
     monkeypatch.setattr(streaming, "bench_once", pilot)
     targets = [servers.Server(name, "http://127.0.0.1:1", None) for name in rates]  # type: ignore[arg-type]
-    args = argparse.Namespace(num_prompts=0, min_cell_s=20.0, out=Path("."))
+    args = argparse.Namespace(num_prompts=0, min_cell_s=20.0, out=Path("."), requests_per_run={})
     assert streaming.cell_prompts(targets, "m", "t", args, conc=8) == 110  # 5 req/s x 20 s x 1.1
     assert piloted == [(name, 32) for name in rates]  # each server once, 4 x concurrency
     args.min_cell_s = 0
     assert streaming.cell_prompts(targets, "m", "t", args, conc=64) == 256  # 4 x concurrency
+
+
+def test_runs_sized_on_the_command_line_need_no_pilots(monkeypatch) -> None:
+    monkeypatch.setattr(streaming, "bench_once", lambda *a, **k: pytest.fail("piloted"))
+    args = argparse.Namespace(
+        num_prompts=0, min_cell_s=20.0, out=Path("."), requests_per_run={64: 900, 256: 100}
+    )
+    assert streaming.cell_prompts([], "m", "t", args, conc=64) == 900
+    assert streaming.cell_prompts([], "m", "t", args, conc=256) == 1024  # at least 4 x conc
+    assert streaming._conc_counts("64=900,256=100") == {64: 900, 256: 100}
