@@ -112,6 +112,8 @@ def record(
             if (b := stages.breakdown(s for s in ok if s.pool == pool)) is not None
         },
         "slo_classes": {c: v.model_dump() for c, v in workload.slo_classes.items()},
+        # how late the client's own loop ran: part of `outside` in ttft_stages when large
+        "client_loop_lag_ms": result.client_lag_ms,
     }
 
 

@@ -15,6 +15,26 @@ from serve_app.bench.stats import percentiles
 from serve_app.bench.targets import Sample, Target
 from serve_app.bench.workload import Arrival, RequestSpec, Workload, expand
 
+LAG_PERIOD_S = 0.01  # the client's event-loop probe: a 10 ms timer, how late it fires
+
+
+class LoopLag:
+    """How late the benchmark client's own event loop runs a 10 ms timer, over a run: time a
+    response waits in the client before it is read counts in the TTFT the client measures, so a
+    busy client shows as serving-path time unless measured."""
+
+    def __init__(self) -> None:
+        self.late_ms: list[float] = []
+
+    async def sample_forever(self) -> None:
+        while True:
+            asked = time.perf_counter()
+            await asyncio.sleep(LAG_PERIOD_S)
+            self.late_ms.append(max(0.0, (time.perf_counter() - asked - LAG_PERIOD_S) * 1e3))
+
+    def summary(self) -> dict[str, float | None]:
+        return {**percentiles(self.late_ms), "max": max(self.late_ms, default=None)}
+
 
 @dataclass
 class RunResult:
@@ -24,6 +44,7 @@ class RunResult:
     wall_s: float
     peak_mem_gib: float | None
     last_arrival_s: float | None = None  # open loops: when the last request was offered
+    client_lag_ms: dict[str, float | None] | None = None  # LoopLag.summary() over the run
 
     @property
     def arrival_window_s(self) -> float:
@@ -85,6 +106,8 @@ async def run_workload(
     # are not the serving path's steady state.
     await target.run_one(specs[0])
     sampler = asyncio.create_task(probe.sample_forever())
+    lag = LoopLag()
+    lag_sampler = asyncio.create_task(lag.sample_forever())
     bar = tqdm(total=len(specs), desc=target.name, disable=not progress, leave=False)
     started = time.monotonic()
     deadline = started + workload.duration_s
@@ -97,6 +120,7 @@ async def run_workload(
     finally:
         bar.close()
         sampler.cancel()
+        lag_sampler.cancel()
     wall_s = time.monotonic() - started
     finished = {s.index for s in samples}
     samples += [
@@ -104,7 +128,15 @@ async def run_workload(
         for s in specs
         if s.index not in finished
     ]
-    return RunResult(target.name, workload, samples, wall_s, probe.peak_gib, specs[-1].arrival_s)
+    return RunResult(
+        target.name,
+        workload,
+        samples,
+        wall_s,
+        probe.peak_gib,
+        specs[-1].arrival_s,
+        lag.summary(),
+    )
 
 
 def met_slo(sample: Sample, workload: Workload) -> bool:
@@ -147,6 +179,7 @@ def summarize(result: RunResult) -> dict[str, Any]:
         "peak_mem_gib": result.peak_mem_gib,
         "wall_s": result.wall_s,
         "ttft_stages": stages.breakdown(result.samples),
+        "client_loop_lag_ms": result.client_lag_ms,
     }
 
 

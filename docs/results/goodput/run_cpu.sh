@@ -14,7 +14,11 @@ POLICIES=${POLICIES:-slo,round-robin,least-load,single=throughput}
 NAME=${NAME:-cpu}   # output stem; e.g. NAME=cpu-nice with SERVE_APP_CPU_ENGINE_NICENESS=19
 MACHINE=${MACHINE:-"CPU (AMD EPYC), 2 cores, 24 GiB"}
 URL=http://127.0.0.1:8000
-setsid $PY -m serve_app run docs/results/goodput/serve_config.cpu.yaml --port 8000 > /tmp/goodput-cpu-app.log 2>&1 &
+# In this script's session, not a new one (setsid): with the kernel's autogroups (Linux's
+# sched_autogroup_enabled) each session shares the cores as one group, niceness counts only
+# inside it, and a benchmark client in a session of its own waited up to 1.5-3.4 s for a core
+# while the engines were busy, a stall it then measured as TTFT (goodput.md).
+$PY -m serve_app run docs/results/goodput/serve_config.cpu.yaml --port 8000 > /tmp/goodput-cpu-app.log 2>&1 &
 APP=$!
 trap 'kill -INT $APP; wait $APP || true' EXIT
 for i in $(seq 1 300); do curl -sf $URL/ready >/dev/null && break; sleep 1; done

@@ -15,7 +15,7 @@ MACHINE=${MACHINE:-"CPU (AMD EPYC), 2 cores, 24 GiB"}
 URL=http://127.0.0.1:8000
 export SERVE_APP_CPU_ENGINE_NICENESS=19
 for workers in 15 0; do
-  RAY_worker_niceness=$workers setsid $PY -m serve_app run docs/results/goodput/serve_config.cpu.yaml \
+  RAY_worker_niceness=$workers $PY -m serve_app run docs/results/goodput/serve_config.cpu.yaml \
     --port 8000 > /tmp/goodput-cpu-niceness-$workers.log 2>&1 &
   APP=$!
   trap 'kill -INT $APP; wait $APP || true' EXIT

@@ -1,4 +1,5 @@
 import asyncio
+import time
 
 from serve_app.bench.memory import MemoryProbe
 from serve_app.bench.report import markdown_table, ratio_table
@@ -70,3 +71,20 @@ def test_ratio_table_compares_at_equal_concurrency() -> None:
     table = ratio_table([base, app], "engine")
     assert "| app | 1 | None | 0.970 | +2.5 | +10.0 |" in table
     assert "engine" in markdown_table([base | {"requests": 1, "errors": 0}])
+
+
+class BlockingTarget(FakeTarget):
+    """Holds the client's event loop (synchronous work) for 60 ms in each request."""
+
+    async def run_one(self, spec: RequestSpec) -> Sample:
+        time.sleep(0.06)  # noqa: ASYNC251 - blocking on purpose
+        return await super().run_one(spec)
+
+
+def test_the_client_loop_lag_is_measured() -> None:
+    idle = asyncio.run(run_workload(FakeTarget(), WORKLOAD, MemoryProbe(), progress=False))
+    busy = asyncio.run(run_workload(BlockingTarget(), WORKLOAD, MemoryProbe(), progress=False))
+    assert idle.client_lag_ms is not None and busy.client_lag_ms is not None
+    assert busy.client_lag_ms["max"] is not None and busy.client_lag_ms["max"] >= 40
+    assert summarize(busy)["client_loop_lag_ms"] == busy.client_lag_ms
+    assert (idle.client_lag_ms["p50"] or 0) < 40
