@@ -320,7 +320,7 @@ def summarize(records: list[dict[str, Any]]) -> str:
                 f"{c['median_abs_error_ms']:.1f} | {c['median_observed_over_predicted']:.2f} | "
                 f"{c['p90_observed_over_predicted']:.2f} |"
             )
-    lines += ["", _stage_shares(records), "", goals(records)]
+    lines += ["", _stage_shares(records), "", _client_lag(records), "", goals(records)]
     return "\n".join(lines) + "\n"
 
 
@@ -338,6 +338,22 @@ def _stage_shares(records: list[dict[str, Any]]) -> str:
         "Where the SLO policy's first tokens' time went (mean ms per stage, share of client "
         "TTFT; first repeat):\n\n" + stages.table(rows)
     )
+
+
+def _client_lag(records: list[dict[str, Any]]) -> str:
+    """How late the benchmark client's own event loop ran, worst run per rate: a client
+    that waits for a core adds that wait to the TTFT it measures (`outside` above)."""
+    worst: dict[float, tuple[float, float]] = {}
+    for r in records:
+        lag = r.get("client_loop_lag_ms") or {}
+        if lag.get("p99") is None or lag.get("max") is None:
+            continue
+        p99, most = worst.get(r["multiple"], (0.0, 0.0))
+        worst[r["multiple"]] = (max(p99, lag["p99"]), max(most, lag["max"]))
+    if not worst:
+        return ""
+    rows = ", ".join(f"{m:g}×: {p99:.0f} / {most:.0f}" for m, (p99, most) in sorted(worst.items()))
+    return f"The client's event-loop lag, p99 / max ms (worst run per rate): {rows}."
 
 
 def _median_ms(rows: list[dict[str, Any]], q: str) -> str:
@@ -472,8 +488,10 @@ def main(argv: list[str] | None = None) -> int:
         ttft, tpot = (float(v) for v in args.interactive.split(","))
         workload = workload.with_targets(KEY_CLASS, ttft, tpot)
     if args.report:
-        probe: dict[str, Any] | None = None
-        records = [r for path in args.report for r in json.loads(path.read_text())["records"]]
+        reports = [json.loads(path.read_text()) for path in args.report]
+        # one file's probe stays with its records; several files' probes differ
+        probe: dict[str, Any] | None = reports[0].get("probe") if len(reports) == 1 else None
+        records = [r for report in reports for r in report["records"]]
     else:
         probe, records = asyncio.run(sweep(args, workload))
     report = summarize(records)

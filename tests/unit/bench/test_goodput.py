@@ -129,3 +129,28 @@ def test_records_say_where_each_pool_s_first_tokens_went() -> None:
     assert set(row["ttft_stages"]) == {"a", "b"}
     assert row["ttft_stages"]["a"]["stages"]["queue"]["share"] == 20.0 / 60.0
     assert "slo @ a | 2×" in summarize([row])
+
+
+def test_the_report_gives_the_client_s_worst_loop_lag_per_rate() -> None:
+    rows = []
+    for repeat, (p99, most) in enumerate([(5.0, 20.0), (300.0, 1500.0)]):
+        run = result([sample(0, "interactive", 60.0)])
+        run.client_lag_ms = {"p50": 0.5, "p90": 1.0, "p99": p99, "max": most}
+        rows.append(record(run, "slo", 2.0, repeat, "m"))
+    assert rows[1]["client_loop_lag_ms"]["max"] == 1500.0
+    assert "p99 / max ms (worst run per rate): 2×: 300 / 1500." in summarize(rows)
+
+
+def test_a_report_of_one_file_keeps_its_probe(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from serve_app.bench import goodput
+
+    row = record(result([sample(0, "interactive", 60.0)]), "slo", 1.0, 0, "m")
+    src = tmp_path / "in.json"
+    src.write_text(json.dumps({"probe": {"capacity_req_s": 2.5}, "records": [row]}))
+    workload = tmp_path / "w.yaml"
+    workload.write_text(WORKLOAD.model_dump_json())
+    argv = ["--workload", str(workload), "--report", str(src), "--machine", "m"]
+    goodput.main([*argv, "--out", str(tmp_path / "out"), "--name", "x"])
+    assert json.loads((tmp_path / "out" / "x.json").read_text())["probe"] == {"capacity_req_s": 2.5}
