@@ -10,7 +10,7 @@
 # With two GPUs the `vllm serve`s run on GPU 0 and the app on GPU 1; with one, all on GPU 0
 # (0.15 of its memory each, a fixed 16 GiB KV cache, so they start together; one server is driven
 # at a time). CONC, REPEATS, API_SERVERS and REQUESTS (requests per run, CONC=N,...: sized from
-# the rates measured before, so no pilot runs) override.
+# the rates measured before, so no pilot runs) and PROFILE override.
 set -euo pipefail
 : "${SERVE_APP_SITE:?names the offline vLLM + Ray install (the directory holding env.sh)}"
 OUT=${1:?usage: run_h200.sh OUT_DIR}
@@ -22,7 +22,7 @@ APP_GPU=$(( GPUS > 1 ? 1 : 0 ))
 { nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv
   python3 -c "import vllm, torch, ray; print('vllm', vllm.__version__, 'torch', torch.__version__, 'ray', ray.__version__)"
   echo "cores: $(nproc)"; echo "app on GPU $APP_GPU"; } > "$OUT/device.txt" 2>&1
-python3 -m serve_app.bench.streaming --profile h200-stream-shared \
+python3 -m serve_app.bench.streaming --profile "${PROFILE:-h200-stream-shared}" \
   --concurrency "${CONC:-64,256,1}" --repeats "${REPEATS:-3}" --min-cell-s 20 \
   --output-len 256 --vllm-api-servers "${API_SERVERS:-1,2,4,8}" \
   --requests-per-run "${REQUESTS:-64=960,256=2300,1=45}" \
