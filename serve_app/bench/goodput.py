@@ -81,6 +81,7 @@ def record(
         "multiple": multiple,
         "repeat": repeat,
         "machine": machine,
+        "content_salt": workload.content_salt,  # prompts of this run's own (workload.py)
         "window_s": window,
         "wall_s": result.wall_s,
         "offered": len(samples),
@@ -189,6 +190,7 @@ async def sweep(
     policies = args.policies.split(",")
     records: list[dict[str, Any]] = []
     out_file = args.out / f"{args.name}.json" if args.out else None
+    runs = 0
     for multiple in multiples:
         rate = capacity * multiple
         requests = max(1, math.ceil(rate * args.window_s))
@@ -204,6 +206,10 @@ async def sweep(
             # a new arrival sequence per repeat, the same one for every policy
             seeded = offered.model_copy(update={"seed": workload.seed + repeat})
             for policy in policies:
+                # the same lengths and arrivals, prompts of their own: no run is served from
+                # the prefix cache an earlier run (another policy, rate or repeat) filled
+                runs += 1
+                seeded = seeded.model_copy(update={"content_salt": runs})
                 target = HTTPTarget(
                     args.url,
                     f"app@{policy}",

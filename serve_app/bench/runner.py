@@ -202,12 +202,17 @@ async def run_targets(
     probe_rows: list[dict[str, Any]] = []
     for target in targets:
         await target.start()
+    runs = 0
     try:
         for workload in workloads:
             for r in range(repeats):
                 for target in targets:
                     probe = MemoryProbe()
-                    result = await run_workload(target, workload, probe)
+                    # prompts of its own (same lengths and arrivals): a target or repeat that
+                    # runs later is not served from the prefix cache an earlier one filled
+                    runs += 1
+                    salted = workload.model_copy(update={"content_salt": runs})
+                    result = await run_workload(target, salted, probe)
                     row = summarize(result)
                     row["repeat"] = r
                     probe_rows.append(row)

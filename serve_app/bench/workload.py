@@ -100,6 +100,12 @@ class Workload(BaseModel):
     requests: int = Field(100, ge=1, le=100_000)
     duration_s: float = Field(600, gt=0, description="Hard bound on one run's wall time.")
     seed: int = 0
+    content_salt: int = Field(
+        0,
+        description="Changes the prompts' token ids, not their lengths, classes or arrivals: "
+        "runs that replay one workload (policies, targets, repeats) then share no prompt, so "
+        "none is served from the prefix cache another run filled.",
+    )
 
     @model_validator(mode="after")
     def _classes_known(self) -> Workload:
@@ -128,6 +134,7 @@ class RequestSpec:
 def expand(workload: Workload, vocab_size: int = 4000) -> list[RequestSpec]:
     """The workload's requests, the same on every call. Token ids avoid the special ids 0-4."""
     rng = random.Random(workload.seed)
+    content = random.Random(f"{workload.seed}/{workload.content_salt}")  # token ids only
     classes = list(workload.slo_mix)
     weights = [workload.slo_mix[c] for c in classes]
     at = 0.0
@@ -138,7 +145,7 @@ def expand(workload: Workload, vocab_size: int = 4000) -> list[RequestSpec]:
             slo_class = rng.choices(classes, weights)[0]
             shape = workload.class_shapes.get(slo_class)
         n = (shape.prompt_tokens if shape else workload.prompt_tokens).draw(rng)
-        prompt = [rng.randrange(5, vocab_size) for _ in range(n)]
+        prompt = [content.randrange(5, vocab_size) for _ in range(n)]
         if workload.arrival.kind == "poisson":
             assert workload.arrival.rate is not None
             at += rng.expovariate(workload.arrival.rate)

@@ -154,3 +154,42 @@ def test_a_report_of_one_file_keeps_its_probe(tmp_path) -> None:  # type: ignore
     argv = ["--workload", str(workload), "--report", str(src), "--machine", "m"]
     goodput.main([*argv, "--out", str(tmp_path / "out"), "--name", "x"])
     assert json.loads((tmp_path / "out" / "x.json").read_text())["probe"] == {"capacity_req_s": 2.5}
+
+
+def test_every_run_of_a_sweep_gets_prompts_of_its_own(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Policies, rates and repeats replay one workload; with prefix caching on, a run after
+    another would be served from the cache the earlier one filled."""
+    import argparse
+    import asyncio
+
+    from serve_app.bench import goodput
+
+    salts: list[int] = []
+
+    async def run(target, workload, probe, progress=True):  # type: ignore[no-untyped-def]
+        salts.append(workload.content_salt)
+        return result([sample(0, "interactive", 60.0)])
+
+    async def idle(url: str, timeout_s: float = 60) -> None:
+        pass
+
+    class Target:
+        def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+            pass
+
+        async def start(self) -> None:
+            pass
+
+        async def stop(self) -> None:
+            pass
+
+    monkeypatch.setattr(goodput, "run_workload", run)
+    monkeypatch.setattr(goodput, "_idle", idle)
+    monkeypatch.setattr(goodput, "HTTPTarget", Target)
+    args = argparse.Namespace(
+        capacity=2.0, machine="m", multiples="1,2", repeats_at="2", repeats=1, extra_repeats=1,
+        policies="slo,round-robin", out=None, name="x", url="http://127.0.0.1:1",
+        window_s=1.0, drain_s=1.0,
+    )  # fmt: skip
+    asyncio.run(goodput.sweep(args, WORKLOAD))
+    assert len(salts) == 6 and len(set(salts)) == 6  # (1 + 2 repeats) x 2 policies

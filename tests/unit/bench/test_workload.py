@@ -74,3 +74,13 @@ def test_bad_workloads_name_the_problem(tmp_path: Path, text: str, message: str)
     path.write_text(text)
     with pytest.raises(WorkloadError, match=message):
         load_workload(path)
+
+
+def test_a_content_salt_changes_the_prompts_and_nothing_else() -> None:
+    workload = load_workload(ROOT / "workloads" / "slo-mix.yaml")
+    a, b = expand(workload), expand(workload.model_copy(update={"content_salt": 1}))
+    shape = [(len(s.prompt_token_ids), s.max_tokens, s.slo_class, s.arrival_s) for s in a]
+    assert shape == [(len(s.prompt_token_ids), s.max_tokens, s.slo_class, s.arrival_s) for s in b]
+    # no prompt, nor any 16-token block of one (a KV block), is shared between the two runs
+    blocks = {tuple(s.prompt_token_ids[:16]) for s in a}
+    assert not blocks & {tuple(s.prompt_token_ids[:16]) for s in b}
