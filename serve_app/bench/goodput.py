@@ -209,17 +209,17 @@ async def sweep(
                 # the same lengths and arrivals, prompts of their own: no run is served from
                 # the prefix cache an earlier run (another policy, rate or repeat) filled
                 runs += 1
-                seeded = seeded.model_copy(update={"content_salt": runs})
+                salted = seeded.model_copy(update={"content_salt": runs})
                 target = HTTPTarget(
                     args.url,
                     f"app@{policy}",
                     send_slo_class=True,
                     route_policy=policy_header(policy),
-                    slo_targets=seeded.slo_classes,
+                    slo_targets=salted.slo_classes,
                 )
                 await target.start()
                 try:
-                    result = await run_workload(target, seeded, MemoryProbe(), progress=False)
+                    result = await run_workload(target, salted, MemoryProbe(), progress=False)
                 finally:
                     await target.stop()
                 row = record(result, policy, multiple, repeat, args.machine)
