@@ -45,7 +45,7 @@ from serve_app.ingress.metrics import IngressMetrics, Outcome, outcome_of
 from serve_app.ingress.schemas import Extensions
 from serve_app.ingress.truncation import TRUNCATED_HEADER
 from serve_app.routing.config import Policy
-from serve_app.routing.estimator import Load
+from serve_app.routing.estimator import Decoding, Load
 from serve_app.routing.policy import Reject, RequestFeatures, RouteTo
 from serve_app.routing.router import Router
 from serve_app.routing.slo import (
@@ -142,6 +142,9 @@ class Routed:
     stages: dict[str, float] | None = None
     first_at: float = 0.0  # perf_counter: the first chunk reached the ingress
     truncated: int | None = None  # prompt tokens cut, when the request asked for truncation
+    max_tokens: int = 0  # the completion length routing predicted for
+    predicted_tpot_ms: float = 0.0
+    decoding: Decoding | None = None  # from its first token, when its SLO sets a TPOT target
 
     @property
     def headers(self) -> dict[str, str]:
@@ -343,6 +346,7 @@ class RequestPipeline:
                 "ttft_factor": ttft_factor,
                 "tpot_factor": tpot_factor,
                 "path_ms": view.model.path(now),
+                "decode_slack_ms": view.decode_slack_ms,
                 "ttft_ms_recent_p50": snap.ttft_ms_recent_p50,
                 "tpot_ms_recent_p50": snap.tpot_ms_recent_p50,
                 "updated_at": snap.updated_at,
@@ -523,6 +527,8 @@ class RequestPipeline:
             decided=time.perf_counter(),
             proxy_ms=admission.proxy_ms if admission is not None else None,
             stages={} if self._config.server_timing else None,
+            max_tokens=features.max_tokens,
+            predicted_tpot_ms=decision.predicted.tpot_ms,
         )
         request.state.routed = routed
         return routed
@@ -619,12 +625,22 @@ class RequestPipeline:
                     routed.first_chunk(chunk, first_at)
                     if routed.stages is not None:
                         self.metrics.stages(routed.pool, routed.slo.slo_class, routed.stages)
-                    self._router.first_token(routed.pool, routed.prompt_tokens)
+                    if routed.slo.tpot_ms is not None:
+                        routed.decoding = Decoding(
+                            routed.slo.tpot_ms,
+                            routed.max_tokens,
+                            routed.predicted_tpot_ms,
+                            time.time(),
+                            max(1, chunk.completion_tokens),
+                        )
+                    self._router.first_token(routed.pool, routed.prompt_tokens, routed.decoding)
                     ttft_ms, path_ms = routed.learned_ttft()
                     # learn at once: in a burst, completions come too late to correct admission
                     self._router.learn(
                         routed.pool, routed.prompt_tokens, routed.load, ttft_ms, None, None, path_ms
                     )
+                elif routed.decoding is not None:
+                    routed.decoding.tokens = chunk.completion_tokens
                 last = chunk
                 yield chunk
         except Exception:
@@ -632,7 +648,10 @@ class RequestPipeline:
             raise
         finally:
             self._router.finished(
-                routed.pool, routed.prompt_tokens, got_first_token=first_at is not None
+                routed.pool,
+                routed.prompt_tokens,
+                got_first_token=first_at is not None,
+                decoding=routed.decoding,
             )
             if first_at is not None and last is not None and last.finish_reason is not None:
                 self._finished(routed, first_at, last)

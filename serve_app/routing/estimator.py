@@ -24,10 +24,18 @@ replica slot) then shows in every prediction at once, whatever the request's len
 new measurements the factors relax back to 1 (the prior) and the path delay to 0 with a
 half-life, so one stall cannot keep a pool's predictions high, and its traffic refused, after
 the stall has passed.
+
+A request admitted to a pool also slows the requests already decoding there: its prefill (and
+the prefill queued ahead of it) shares their engine steps, adding about its prefill time to
+each one's decode (chunked prefill spreads the work, not its cost). `Decoding` tracks one
+streaming request's *slack*: how much more delay its decode can take and still meet its TPOT
+target. A pool admits a request only while the prefill pending after it fits in the smallest
+slack of the requests decoding there that can still meet their target (routing/policy.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from serve_app.routing.config import LatencyPrior
@@ -136,6 +144,38 @@ class LatencyModel:
         return replace(
             self, ttft_factor=ttft_factor, tpot_factor=tpot_factor, path_ms=path, learned_at=now
         )
+
+
+@dataclass(slots=True, eq=False)  # one per request: kept in sets by identity
+class Decoding:
+    """One streaming request with a TPOT target, from its first token (wall clock) on."""
+
+    tpot_target_ms: float
+    max_tokens: int  # the completion length it may reach (the remaining decode is bounded by it)
+    predicted_tpot_ms: float  # what routing predicted, its pace until it has measured its own
+    first_at: float  # time.time() of its first token
+    tokens: int = 1  # completion tokens so far
+
+    def pace_ms(self, now: float) -> float:
+        """Its time per output token so far (the prediction until a few tokens have come)."""
+        if self.tokens < 3:
+            return self.predicted_tpot_ms
+        return max(0.0, now - self.first_at) * 1e3 / (self.tokens - 1)
+
+    def slack_ms(self, now: float) -> float:
+        """Delay its decode can still take and meet the target, at its pace so far (negative:
+        it will miss it anyway)."""
+        remaining = max(0, self.max_tokens - self.tokens)
+        elapsed_ms = max(0.0, now - self.first_at) * 1e3
+        budget_ms = self.tpot_target_ms * max(1, self.max_tokens - 1)
+        return budget_ms - elapsed_ms - remaining * self.pace_ms(now)
+
+
+def decode_slack_ms(decoding: Iterable[Decoding], now: float) -> float | None:
+    """The smallest slack of the requests that can still meet their TPOT target (None: none
+    can, or none is decoding: admission protects no one)."""
+    slacks = [s for s in (d.slack_ms(now) for d in decoding) if s >= 0]
+    return min(slacks, default=None)
 
 
 def _ewma(old: float, sample: float, rate: float) -> float:

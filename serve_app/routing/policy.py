@@ -10,15 +10,22 @@
    prompt tokens queued for prefill over the measured prefill rate, waiting and running requests).
    A request's *ratio* on a pool is its worst predicted/target latency (0 when it names no
    targets).
-4. A pool is *saturated* when its queue per replica reaches `max_waiting_per_replica`.
-5. Among unsaturated pools whose ratio is at most `fit_margin`, the configured placement picks:
-   **best fit** (the default, see README: highest ratio, the slowest pool that still fits,
-   keeping fast pools free), **headroom** (lowest ratio: most room before a miss), or **least
-   load** (fewest requests per replica). If the pick over all pools was saturated, the reason is
-   `spillover`. Pools that meet the SLO only without margin come next (lowest ratio first).
-   Requests without targets go to the pool predicted to finish them soonest.
+4. A pool is *saturated* when its queue per replica reaches `max_waiting_per_replica`. A pool
+   *protects* its running requests when the prefill pending after this request (queued tokens
+   plus its prompt, at the pool's prefill rate) fits in the smallest decode slack of the
+   requests streaming there that can still meet their TPOT target (routing/estimator.py): a
+   request that would make them miss is not theirs to take.
+5. Among unsaturated pools that protect their running requests and whose ratio is at most
+   `fit_margin`, the configured placement picks: **best fit** (the default, see README: highest
+   ratio, the slowest pool that still fits, keeping fast pools free), **headroom** (lowest
+   ratio: most room before a miss), or **least load** (fewest requests per replica). If the
+   pick over all pools was saturated, the reason is `spillover`. Pools that meet the SLO only
+   without margin come next (lowest ratio first).
+   Requests without targets go to the pool predicted to finish them soonest (one that protects
+   its running requests, if any does).
 6. No pool meets the SLO: reject 429 with Retry-After (the time the best pool's queue needs to
-   drain below the target), unless the request asked for best effort: then the lowest ratio wins.
+   drain below the target; reason `protects-running` when a pool would meet it but must protect
+   its running requests), unless the request asked for best effort: then the lowest ratio wins.
    A refusal for lack of capacity names the pool that would have met the SLO idle
    (`demand_pool`): refused demand counts towards that pool's autoscaling.
 """
@@ -52,6 +59,7 @@ class RejectReason(StrEnum):
     NO_REPLICA = "no-replica"
     SATURATED = "saturated"
     SLO_UNMEETABLE = "slo-unmeetable"
+    PROTECTS_RUNNING = "protects-running"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +88,9 @@ class PoolView:
     model: LatencyModel
     updated_at: float
     queued_tokens: int = 0  # prompt tokens dispatched and not yet prefilled
+    # smallest decode slack of the requests streaming there that can still meet their TPOT
+    # target (routing/estimator.py `Decoding`); None: no one to protect
+    decode_slack_ms: float | None = None
 
     @property
     def load(self) -> Load:
@@ -113,6 +124,19 @@ def predict(pool: PoolView, features: RequestFeatures, now: float) -> Prediction
 
 def _saturated(pool: PoolView, config: RoutingConfig) -> bool:
     return pool.load.waiting >= config.max_waiting_per_replica
+
+
+def pending_prefill_ms(pool: PoolView, features: RequestFeatures) -> float:
+    """Prefill time the pool's engine steps carry once this request is queued: what its
+    running requests' decodes are slowed by."""
+    tokens = pool.load.queued_tokens + features.prompt_tokens
+    return tokens * pool.model.ms_per_prefill_token
+
+
+def protects(pool: PoolView, features: RequestFeatures) -> bool:
+    """Taking the request leaves every request decoding on the pool within its TPOT target."""
+    slack = pool.decode_slack_ms
+    return slack is None or pending_prefill_ms(pool, features) <= slack
 
 
 def _requests_per_replica(pool: PoolView) -> float:
@@ -198,13 +222,16 @@ def decide(
     scored = [(p, predict(p, features, now)) for p in live]
     ratios = {p.name: slo_ratio(pred, slo) for p, pred in scored}
     open_ = [(p, pred) for p, pred in scored if not _saturated(p, config)]
+    safe = [(p, pred) for p, pred in open_ if protects(p, features)]
 
     if slo.ttft_ms is None and slo.tpot_ms is None:
         if open_:
-            p, pred = min(open_, key=lambda pp: pp[1].ttft_ms + pp[1].tpot_ms * features.max_tokens)
+            p, pred = min(
+                safe or open_, key=lambda pp: pp[1].ttft_ms + pp[1].tpot_ms * features.max_tokens
+            )
             return RouteTo(p.name, RouteReason.FASTEST, pred)
     else:
-        fits = [(p, pred) for p, pred in open_ if ratios[p.name] <= config.fit_margin]
+        fits = [(p, pred) for p, pred in safe if ratios[p.name] <= config.fit_margin]
         if fits:
             p, pred = _place(fits, ratios, config.placement)
             overall, _ = _place(
@@ -214,7 +241,7 @@ def decide(
             )
             reason = RouteReason.SPILLOVER if overall.name != p.name else RouteReason.SLO_FIT
             return RouteTo(p.name, reason, pred)
-        meets = [(p, pred) for p, pred in open_ if ratios[p.name] <= 1.0]
+        meets = [(p, pred) for p, pred in safe if ratios[p.name] <= 1.0]
         if meets:
             p, pred = min(meets, key=lambda pp: ratios[pp[0].name])
             return RouteTo(p.name, RouteReason.SLO_TIGHT, pred)
@@ -228,6 +255,17 @@ def decide(
     if not open_:
         return Reject(
             429, RejectReason.SATURATED, "every pool that fits is saturated", retry, None, demand
+        )
+    crowded = [p.name for p, _ in open_ if ratios[p.name] <= 1.0 and not protects(p, features)]
+    if crowded:
+        return Reject(
+            429,
+            RejectReason.PROTECTS_RUNNING,
+            f"taking it would make requests decoding on {', '.join(crowded)} miss their TPOT "
+            "target",
+            retry,
+            None,
+            demand,
         )
     return Reject(
         429,

@@ -19,7 +19,13 @@ from dataclasses import dataclass
 from serve_app.constants import STATS_STALE_AFTER_S
 from serve_app.pool_state import PoolSnapshot
 from serve_app.routing.config import Placement, Policy, RoutingConfig
-from serve_app.routing.estimator import DEFAULT_STEP_TOKENS, LatencyModel, Load
+from serve_app.routing.estimator import (
+    DEFAULT_STEP_TOKENS,
+    Decoding,
+    LatencyModel,
+    Load,
+    decode_slack_ms,
+)
 from serve_app.routing.policy import (
     Decision,
     PoolView,
@@ -59,6 +65,9 @@ class Router:
             for name in pools
         }
         self._local = {name: _Local() for name in pools}
+        # this ingress's requests streaming on each pool with a TPOT target (admission keeps
+        # them within it: routing/policy.py)
+        self._decoding: dict[str, set[Decoding]] = {name: set() for name in pools}
         self._snapshots: dict[str, PoolSnapshot] = {name: PoolSnapshot(name) for name in pools}
         self._board_at: float | None = None  # when the board last answered
         self._turn = 0
@@ -109,6 +118,7 @@ class Router:
                     # a silent board is no news of the pools: route on what was last known
                     updated_at=now if board_stale else snap.updated_at,
                     queued_tokens=max(snap.queued_tokens, local.queued_tokens),
+                    decode_slack_ms=decode_slack_ms(self._decoding[name], now),
                 )
             )
         return views
@@ -146,14 +156,26 @@ class Router:
         local.waiting += 1
         local.queued_tokens += prompt_tokens
 
-    def first_token(self, pool: str, prompt_tokens: int) -> None:
+    def first_token(self, pool: str, prompt_tokens: int, decoding: Decoding | None = None) -> None:
+        """A request's first token came; `decoding`: its decode, to keep within its TPOT target
+        (updated by the caller as tokens come)."""
         local = self._local[pool]
         local.waiting -= 1
         local.queued_tokens -= prompt_tokens
         local.running += 1
+        if decoding is not None:
+            self._decoding[pool].add(decoding)
 
-    def finished(self, pool: str, prompt_tokens: int, got_first_token: bool) -> None:
+    def finished(
+        self,
+        pool: str,
+        prompt_tokens: int,
+        got_first_token: bool,
+        decoding: Decoding | None = None,
+    ) -> None:
         local = self._local[pool]
+        if decoding is not None:
+            self._decoding[pool].discard(decoding)
         if got_first_token:
             local.running -= 1
         else:

@@ -132,6 +132,22 @@ async def test_a_client_that_leaves_mid_stream_ends_its_engine_request() -> None
         assert app.running() == 0
 
 
+async def test_a_stream_with_a_tpot_target_is_protected_while_it_decodes() -> None:
+    body = {"prompt": "Hello", "max_tokens": 200, "stream": True}
+    interactive = {"x-slo-class": "interactive"}  # TPOT target 50 ms; the fake takes ~5
+    async with local_app() as app, httpx.AsyncClient(base_url=app.url) as c:
+        async with c.stream("POST", "/v1/completions", json=body, headers=interactive) as r:
+            pool = r.headers["x-serve-pool"]
+            lines = r.aiter_lines()
+            for _ in range(5):
+                await anext(lines)
+            slack = (await c.get("/pools")).json()[pool]["decode_slack_ms"]
+            assert 0 < slack < 200 * 50
+            async for _ in lines:
+                pass
+        assert (await c.get("/pools")).json()[pool]["decode_slack_ms"] is None
+
+
 async def test_api_keys_are_required_when_configured(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(KEYS_ENV, "k1,k2")
     async with (

@@ -17,6 +17,7 @@ from serve_app.routing.policy import (
     RouteTo,
     decide,
     decide_plain,
+    pending_prefill_ms,
     predict,
     slo_ratio,
 )
@@ -425,3 +426,39 @@ def test_without_a_breakdown_the_factor_learns_the_whole_ttft() -> None:
     for _ in range(40):
         model = model.learn(100, Load(), raw * 2, None, rate=0.3, now=NOW)
     assert model.path(NOW) == 0.0 and model.factors(NOW)[0] == pytest.approx(2.0, rel=1e-3)
+
+
+# prefill at 1,000 tokens per second: a 3,000-token document stalls the decodes it joins 3 s
+PREFILLING = LatencyModel(SLOW, measured_ms_per_token=1.0)
+
+
+def test_a_document_that_would_make_the_running_requests_miss_is_refused() -> None:
+    doc, slo = req(3000, 32), SLO("s", ttft_ms=10_000, tpot_ms=150)
+    thr = replace(THR, model=PREFILLING, running=2)
+    assert pending_prefill_ms(thr, doc) == pytest.approx(3000)
+    assert isinstance(decide(doc, slo, [thr], CONFIG, NOW), RouteTo)  # no one to protect
+    roomy = decide(doc, slo, [replace(thr, decode_slack_ms=3500)], CONFIG, NOW)
+    assert isinstance(roomy, RouteTo)
+    crowded = decide(doc, slo, [replace(thr, decode_slack_ms=2500)], CONFIG, NOW)
+    assert isinstance(crowded, Reject) and crowded.reason is RejectReason.PROTECTS_RUNNING
+    assert crowded.status == 429 and "throughput" in crowded.message
+    # the prefill queued ahead of it stalls them as well
+    queued = replace(thr, decode_slack_ms=3500, queued_tokens=1000)
+    assert isinstance(decide(doc, slo, [queued], CONFIG, NOW), Reject)
+
+
+def test_a_short_request_still_fits_beside_the_decodes_a_document_would_break() -> None:
+    thr = replace(THR, model=PREFILLING, decode_slack_ms=500)
+    short = decide(req(100, 32), SLO("s", ttft_ms=10_000, tpot_ms=150), [thr], CONFIG, NOW)
+    assert isinstance(short, RouteTo) and short.pool == "throughput"
+
+
+def test_a_request_goes_where_it_breaks_no_one_when_another_pool_fits() -> None:
+    slo = SLO("s", ttft_ms=1000)  # best fit alone would pick the slower pool
+    crowded_thr = replace(THR, model=PREFILLING, decode_slack_ms=50)
+    decision = decide(req(), slo, [LOW, crowded_thr], CONFIG, NOW)
+    assert isinstance(decision, RouteTo) and decision.pool == "low-latency"
+    prefilling_low = LatencyModel(FAST, measured_ms_per_token=1.0)
+    crowded_low = replace(LOW, model=prefilling_low, decode_slack_ms=0)
+    no_target = decide(req(), SLO("b"), [crowded_low, THR], CONFIG, NOW)
+    assert isinstance(no_target, RouteTo) and no_target.pool == "throughput"

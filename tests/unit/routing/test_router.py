@@ -1,6 +1,8 @@
+import pytest
+
 from serve_app.pool_state import PoolSnapshot
 from serve_app.routing.config import LatencyPrior, Policy, RoutingConfig
-from serve_app.routing.estimator import LatencyModel, Load
+from serve_app.routing.estimator import Decoding, LatencyModel, Load
 from serve_app.routing.policy import Reject, RejectReason, RequestFeatures, RouteTo
 from serve_app.routing.router import Router
 from serve_app.routing.slo import SLO
@@ -100,3 +102,16 @@ def test_a_placement_can_be_asked_for_per_request() -> None:
     features, slo = RequestFeatures(10, 10), SLO("s", ttft_ms=10_000)
     by_load = r.decide(features, slo, NOW, Policy.SLO, "least-load")
     assert isinstance(by_load, RouteTo) and by_load.pool == "b"
+
+
+def test_requests_decoding_with_a_tpot_target_set_the_pool_slack_until_they_end() -> None:
+    r = router()
+    assert r.views(NOW)[0].decode_slack_ms is None
+    d = Decoding(tpot_target_ms=40, max_tokens=11, predicted_tpot_ms=20, first_at=NOW)
+    r.dispatched("a", 10)
+    r.first_token("a", 10, d)
+    assert r.views(NOW)[0].decode_slack_ms == pytest.approx(400 - 10 * 20)
+    d.tokens = 6  # 5 tokens in 100 ms: 20 ms each, 5 to come
+    assert r.views(NOW + 0.1)[0].decode_slack_ms == pytest.approx(400 - 100 - 5 * 20)
+    r.finished("a", 10, got_first_token=True, decoding=d)
+    assert r.views(NOW + 0.1)[0].decode_slack_ms is None
