@@ -144,7 +144,7 @@ class Routed:
     truncated: int | None = None  # prompt tokens cut, when the request asked for truncation
     max_tokens: int = 0  # the completion length routing predicted for
     predicted_tpot_ms: float = 0.0
-    decoding: Decoding | None = None  # its TPOT target and progress, when its SLO sets one
+    decoding: Decoding | None = None  # from its first token, when its SLO sets a TPOT target
 
     @property
     def headers(self) -> dict[str, str]:
@@ -346,7 +346,7 @@ class RequestPipeline:
                 "ttft_factor": ttft_factor,
                 "tpot_factor": tpot_factor,
                 "path_ms": view.model.path(now),
-                "prefill_headroom_ms": view.prefill_headroom_ms,
+                "decode_slack_ms": view.decode_slack_ms,
                 "ttft_ms_recent_p50": snap.ttft_ms_recent_p50,
                 "tpot_ms_recent_p50": snap.tpot_ms_recent_p50,
                 "updated_at": snap.updated_at,
@@ -546,14 +546,7 @@ class RequestPipeline:
                 sent_at=time.time() if self._config.server_timing else 0.0,
                 api=call,
             )
-            if routed.slo.tpot_ms is not None:
-                routed.decoding = Decoding(
-                    routed.slo.tpot_ms,
-                    routed.max_tokens,
-                    routed.predicted_tpot_ms,
-                    routed.prompt_tokens,
-                )
-            self._router.dispatched(routed.pool, routed.prompt_tokens, routed.decoding)
+            self._router.dispatched(routed.pool, routed.prompt_tokens)
             stream = cast(
                 ChunkStream,
                 self._pools[routed.pool].generate.remote(gen),
@@ -632,10 +625,15 @@ class RequestPipeline:
                     routed.first_chunk(chunk, first_at)
                     if routed.stages is not None:
                         self.metrics.stages(routed.pool, routed.slo.slo_class, routed.stages)
-                    if routed.decoding is not None:
-                        routed.decoding.first_at = time.time()
-                        routed.decoding.tokens = max(1, chunk.completion_tokens)
-                    self._router.first_token(routed.pool, routed.prompt_tokens)
+                    if routed.slo.tpot_ms is not None:
+                        routed.decoding = Decoding(
+                            routed.slo.tpot_ms,
+                            routed.max_tokens,
+                            routed.predicted_tpot_ms,
+                            time.time(),
+                            max(1, chunk.completion_tokens),
+                        )
+                    self._router.first_token(routed.pool, routed.prompt_tokens, routed.decoding)
                     ttft_ms, path_ms = routed.learned_ttft()
                     # learn at once: in a burst, completions come too late to correct admission
                     self._router.learn(

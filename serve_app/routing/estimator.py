@@ -25,13 +25,12 @@ new measurements the factors relax back to 1 (the prior) and the path delay to 0
 half-life, so one stall cannot keep a pool's predictions high, and its traffic refused, after
 the stall has passed.
 
-A request admitted to a pool also slows the requests already decoding there, and those queued
-ahead of it once they decode: its prefill shares their engine steps, adding about its prefill
-time to each one's decode (chunked prefill spreads the work, not its cost). `Decoding` tracks
-one request's *slack*: how much more delay its decode can take and still meet its TPOT target.
-A pool's *prefill headroom* is the smallest slack, less the prefill already bound to stall it,
-of its requests that can still meet their target; a pool admits a request only while the
-request's prefill fits in it (routing/policy.py).
+A request admitted to a pool also slows the requests already decoding there: its prefill (and
+the prefill queued ahead of it) shares their engine steps, adding about its prefill time to
+each one's decode (chunked prefill spreads the work, not its cost). `Decoding` tracks one
+streaming request's *slack*: how much more delay its decode can take and still meet its TPOT
+target. A pool admits a request only while the prefill pending after it fits in the smallest
+slack of the requests decoding there that can still meet their target (routing/policy.py).
 """
 
 from __future__ import annotations
@@ -149,18 +148,17 @@ class LatencyModel:
 
 @dataclass(slots=True, eq=False)  # one per request: kept in sets by identity
 class Decoding:
-    """One request with a TPOT target, from its dispatch (waiting for its first token) on."""
+    """One streaming request with a TPOT target, from its first token (wall clock) on."""
 
     tpot_target_ms: float
     max_tokens: int  # the completion length it may reach (the remaining decode is bounded by it)
     predicted_tpot_ms: float  # what routing predicted, its pace until it has measured its own
-    prompt_tokens: int = 0  # its own prefill, which the requests ahead of it share steps with
-    first_at: float | None = None  # time.time() of its first token; None: not decoding yet
+    first_at: float  # time.time() of its first token
     tokens: int = 1  # completion tokens so far
 
     def pace_ms(self, now: float) -> float:
         """Its time per output token so far (the prediction until a few tokens have come)."""
-        if self.first_at is None or self.tokens < 3:
+        if self.tokens < 3:
             return self.predicted_tpot_ms
         return max(0.0, now - self.first_at) * 1e3 / (self.tokens - 1)
 
@@ -168,36 +166,16 @@ class Decoding:
         """Delay its decode can still take and meet the target, at its pace so far (negative:
         it will miss it anyway)."""
         remaining = max(0, self.max_tokens - self.tokens)
-        elapsed_ms = 0.0 if self.first_at is None else max(0.0, now - self.first_at) * 1e3
+        elapsed_ms = max(0.0, now - self.first_at) * 1e3
         budget_ms = self.tpot_target_ms * max(1, self.max_tokens - 1)
         return budget_ms - elapsed_ms - remaining * self.pace_ms(now)
 
 
-def prefill_headroom_ms(
-    requests: Iterable[Decoding], queued_tokens: float, ms_per_token: float, now: float
-) -> float | None:
-    """Prefill time a pool can still take before one of its requests that can still meet its
-    TPOT target would miss it (None: no one to protect).
-
-    `requests` in dispatch order. A decoding request shares its steps with all the prefill
-    queued (`queued_tokens`); a request still waiting for its first token with the queued
-    prompts not ahead of it (requests without a TPOT target are not tracked: their prompts
-    count as behind every waiting request).
-    """
-    headroom: float | None = None
-    ahead = 0  # prompt tokens of the waiting requests dispatched before this one
-    for r in requests:
-        if r.first_at is None:
-            stalled = max(0.0, queued_tokens - ahead - r.prompt_tokens)
-            ahead += r.prompt_tokens
-        else:
-            stalled = queued_tokens
-        slack = r.slack_ms(now)
-        if slack < 0:  # it misses whatever is admitted: protecting it would gain nothing
-            continue
-        left = slack - stalled * ms_per_token
-        headroom = left if headroom is None else min(headroom, left)
-    return headroom
+def decode_slack_ms(decoding: Iterable[Decoding], now: float) -> float | None:
+    """The smallest slack of the requests that can still meet their TPOT target (None: none
+    can, or none is decoding: admission protects no one)."""
+    slacks = [s for s in (d.slack_ms(now) for d in decoding) if s >= 0]
+    return min(slacks, default=None)
 
 
 def _ewma(old: float, sample: float, rate: float) -> float:

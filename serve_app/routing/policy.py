@@ -11,11 +11,10 @@
    A request's *ratio* on a pool is its worst predicted/target latency (0 when it names no
    targets).
 4. A pool is *saturated* when its queue per replica reaches `max_waiting_per_replica`. A pool
-   *protects* its running requests when this request's prefill (its prompt at the pool's
-   prefill rate) fits in the pool's prefill headroom: the smallest decode slack, less the
-   prefill already bound to stall it, of the requests streaming or queued there that can still
-   meet their TPOT target (routing/estimator.py). A request that would make them miss is not
-   the pool's to take.
+   *protects* its running requests when the prefill pending after this request (queued tokens
+   plus its prompt, at the pool's prefill rate) fits in the smallest decode slack of the
+   requests streaming there that can still meet their TPOT target (routing/estimator.py): a
+   request that would make them miss is not theirs to take.
 5. Among unsaturated pools that protect their running requests and whose ratio is at most
    `fit_margin`, the configured placement picks: **best fit** (the default, see README: highest
    ratio, the slowest pool that still fits, keeping fast pools free), **headroom** (lowest
@@ -89,9 +88,9 @@ class PoolView:
     model: LatencyModel
     updated_at: float
     queued_tokens: int = 0  # prompt tokens dispatched and not yet prefilled
-    # prefill time the pool can take before a request streaming or queued there that can still
-    # meet its TPOT target would miss it (routing/estimator.py); None: no one to protect
-    prefill_headroom_ms: float | None = None
+    # smallest decode slack of the requests streaming there that can still meet their TPOT
+    # target (routing/estimator.py `Decoding`); None: no one to protect
+    decode_slack_ms: float | None = None
 
     @property
     def load(self) -> Load:
@@ -127,15 +126,17 @@ def _saturated(pool: PoolView, config: RoutingConfig) -> bool:
     return pool.load.waiting >= config.max_waiting_per_replica
 
 
-def prefill_ms(pool: PoolView, features: RequestFeatures) -> float:
-    """The request's prefill time on the pool: what the decodes sharing its steps lose."""
-    return features.prompt_tokens * pool.model.ms_per_prefill_token
+def pending_prefill_ms(pool: PoolView, features: RequestFeatures) -> float:
+    """Prefill time the pool's engine steps carry once this request is queued: what its
+    running requests' decodes are slowed by."""
+    tokens = pool.load.queued_tokens + features.prompt_tokens
+    return tokens * pool.model.ms_per_prefill_token
 
 
 def protects(pool: PoolView, features: RequestFeatures) -> bool:
-    """Taking the request leaves every request on the pool within its TPOT target."""
-    headroom = pool.prefill_headroom_ms
-    return headroom is None or prefill_ms(pool, features) <= headroom
+    """Taking the request leaves every request decoding on the pool within its TPOT target."""
+    slack = pool.decode_slack_ms
+    return slack is None or pending_prefill_ms(pool, features) <= slack
 
 
 def _requests_per_replica(pool: PoolView) -> float:

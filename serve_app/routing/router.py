@@ -24,7 +24,7 @@ from serve_app.routing.estimator import (
     Decoding,
     LatencyModel,
     Load,
-    prefill_headroom_ms,
+    decode_slack_ms,
 )
 from serve_app.routing.policy import (
     Decision,
@@ -65,9 +65,9 @@ class Router:
             for name in pools
         }
         self._local = {name: _Local() for name in pools}
-        # this ingress's requests on each pool with a TPOT target, in dispatch order (admission
-        # keeps them within it: routing/policy.py)
-        self._decoding: dict[str, dict[Decoding, None]] = {name: {} for name in pools}
+        # this ingress's requests streaming on each pool with a TPOT target (admission keeps
+        # them within it: routing/policy.py)
+        self._decoding: dict[str, set[Decoding]] = {name: set() for name in pools}
         self._snapshots: dict[str, PoolSnapshot] = {name: PoolSnapshot(name) for name in pools}
         self._board_at: float | None = None  # when the board last answered
         self._turn = 0
@@ -107,27 +107,18 @@ class Router:
         views = []
         for name, snap in self._snapshots.items():
             local = self._local[name]
-            queued_tokens = max(snap.queued_tokens, local.queued_tokens)
-            replicas = self._replicas(name, now)
-            model = self._models[name]
-            headroom = prefill_headroom_ms(
-                self._decoding[name],
-                queued_tokens / max(replicas, 1),
-                model.ms_per_prefill_token,
-                now,
-            )
             views.append(
                 PoolView(
                     name=name,
                     max_model_len=self._max_len[name],
-                    replicas=replicas,
+                    replicas=self._replicas(name, now),
                     waiting=max(snap.waiting, local.waiting),
                     running=max(snap.running, local.running),
-                    model=model,
+                    model=self._models[name],
                     # a silent board is no news of the pools: route on what was last known
                     updated_at=now if board_stale else snap.updated_at,
-                    queued_tokens=queued_tokens,
-                    prefill_headroom_ms=headroom,
+                    queued_tokens=max(snap.queued_tokens, local.queued_tokens),
+                    decode_slack_ms=decode_slack_ms(self._decoding[name], now),
                 )
             )
         return views
@@ -160,20 +151,20 @@ class Router:
     def load_of(self, pool: str) -> Load:
         return next(v for v in self.views() if v.name == pool).load
 
-    def dispatched(self, pool: str, prompt_tokens: int, decoding: Decoding | None = None) -> None:
-        """A request went to `pool`; `decoding`: its TPOT target and progress, to keep it
-        within the target (the caller sets its first token and counts its tokens)."""
+    def dispatched(self, pool: str, prompt_tokens: int) -> None:
         local = self._local[pool]
         local.waiting += 1
         local.queued_tokens += prompt_tokens
-        if decoding is not None:
-            self._decoding[pool][decoding] = None
 
-    def first_token(self, pool: str, prompt_tokens: int) -> None:
+    def first_token(self, pool: str, prompt_tokens: int, decoding: Decoding | None = None) -> None:
+        """A request's first token came; `decoding`: its decode, to keep within its TPOT target
+        (updated by the caller as tokens come)."""
         local = self._local[pool]
         local.waiting -= 1
         local.queued_tokens -= prompt_tokens
         local.running += 1
+        if decoding is not None:
+            self._decoding[pool].add(decoding)
 
     def finished(
         self,
@@ -184,7 +175,7 @@ class Router:
     ) -> None:
         local = self._local[pool]
         if decoding is not None:
-            self._decoding[pool].pop(decoding, None)
+            self._decoding[pool].discard(decoding)
         if got_first_token:
             local.running -= 1
         else:

@@ -141,11 +141,11 @@ async def test_a_stream_with_a_tpot_target_is_protected_while_it_decodes() -> No
             lines = r.aiter_lines()
             for _ in range(5):
                 await anext(lines)
-            headroom = (await c.get("/pools")).json()[pool]["prefill_headroom_ms"]
-            assert 0 < headroom < 200 * 50
+            slack = (await c.get("/pools")).json()[pool]["decode_slack_ms"]
+            assert 0 < slack < 200 * 50
             async for _ in lines:
                 pass
-        assert (await c.get("/pools")).json()[pool]["prefill_headroom_ms"] is None
+        assert (await c.get("/pools")).json()[pool]["decode_slack_ms"] is None
 
 
 async def test_api_keys_are_required_when_configured(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,8 +17,8 @@ from serve_app.routing.policy import (
     RouteTo,
     decide,
     decide_plain,
+    pending_prefill_ms,
     predict,
-    prefill_ms,
     slo_ratio,
 )
 from serve_app.routing.slo import SLO
@@ -435,27 +435,30 @@ PREFILLING = LatencyModel(SLOW, measured_ms_per_token=1.0)
 def test_a_document_that_would_make_the_running_requests_miss_is_refused() -> None:
     doc, slo = req(3000, 32), SLO("s", ttft_ms=10_000, tpot_ms=150)
     thr = replace(THR, model=PREFILLING, running=2)
-    assert prefill_ms(thr, doc) == pytest.approx(3000)
+    assert pending_prefill_ms(thr, doc) == pytest.approx(3000)
     assert isinstance(decide(doc, slo, [thr], CONFIG, NOW), RouteTo)  # no one to protect
-    roomy = decide(doc, slo, [replace(thr, prefill_headroom_ms=3500)], CONFIG, NOW)
+    roomy = decide(doc, slo, [replace(thr, decode_slack_ms=3500)], CONFIG, NOW)
     assert isinstance(roomy, RouteTo)
-    crowded = decide(doc, slo, [replace(thr, prefill_headroom_ms=2500)], CONFIG, NOW)
+    crowded = decide(doc, slo, [replace(thr, decode_slack_ms=2500)], CONFIG, NOW)
     assert isinstance(crowded, Reject) and crowded.reason is RejectReason.PROTECTS_RUNNING
     assert crowded.status == 429 and "throughput" in crowded.message
+    # the prefill queued ahead of it stalls them as well
+    queued = replace(thr, decode_slack_ms=3500, queued_tokens=1000)
+    assert isinstance(decide(doc, slo, [queued], CONFIG, NOW), Reject)
 
 
 def test_a_short_request_still_fits_beside_the_decodes_a_document_would_break() -> None:
-    thr = replace(THR, model=PREFILLING, prefill_headroom_ms=500)
+    thr = replace(THR, model=PREFILLING, decode_slack_ms=500)
     short = decide(req(100, 32), SLO("s", ttft_ms=10_000, tpot_ms=150), [thr], CONFIG, NOW)
     assert isinstance(short, RouteTo) and short.pool == "throughput"
 
 
 def test_a_request_goes_where_it_breaks_no_one_when_another_pool_fits() -> None:
     slo = SLO("s", ttft_ms=1000)  # best fit alone would pick the slower pool
-    crowded_thr = replace(THR, model=PREFILLING, prefill_headroom_ms=50)
+    crowded_thr = replace(THR, model=PREFILLING, decode_slack_ms=50)
     decision = decide(req(), slo, [LOW, crowded_thr], CONFIG, NOW)
     assert isinstance(decision, RouteTo) and decision.pool == "low-latency"
     prefilling_low = LatencyModel(FAST, measured_ms_per_token=1.0)
-    crowded_low = replace(LOW, model=prefilling_low, prefill_headroom_ms=0)
+    crowded_low = replace(LOW, model=prefilling_low, decode_slack_ms=0)
     no_target = decide(req(), SLO("b"), [crowded_low, THR], CONFIG, NOW)
     assert isinstance(no_target, RouteTo) and no_target.pool == "throughput"

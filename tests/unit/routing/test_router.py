@@ -104,20 +104,14 @@ def test_a_placement_can_be_asked_for_per_request() -> None:
     assert isinstance(by_load, RouteTo) and by_load.pool == "b"
 
 
-def test_requests_with_a_tpot_target_set_the_pool_headroom_until_they_end() -> None:
+def test_requests_decoding_with_a_tpot_target_set_the_pool_slack_until_they_end() -> None:
     r = router()
-    c = r.model("a").ms_per_prefill_token  # no measured rate yet: the prior's
-    assert r.views(NOW)[0].prefill_headroom_ms is None
-    first = Decoding(tpot_target_ms=40, max_tokens=11, predicted_tpot_ms=20, prompt_tokens=1000)
-    second = Decoding(tpot_target_ms=40, max_tokens=11, predicted_tpot_ms=20, prompt_tokens=500)
-    r.dispatched("a", 1000, first)
-    r.dispatched("a", 500, second)
-    # both wait: the first's slack of 400 - 10 x 20 ms less the 500 tokens behind it
-    assert r.views(NOW)[0].prefill_headroom_ms == pytest.approx(200 - 500 * c)
-    r.first_token("a", 1000)
-    first.first_at, first.tokens = NOW, 6  # 5 tokens in 100 ms: 20 ms each, 5 to come
-    # decoding, it shares its steps with all 500 queued tokens
-    assert r.views(NOW + 0.1)[0].prefill_headroom_ms == pytest.approx(400 - 100 - 5 * 20 - 500 * c)
-    r.finished("a", 1000, got_first_token=True, decoding=first)
-    r.finished("a", 500, got_first_token=False, decoding=second)
-    assert r.views(NOW + 0.1)[0].prefill_headroom_ms is None
+    assert r.views(NOW)[0].decode_slack_ms is None
+    d = Decoding(tpot_target_ms=40, max_tokens=11, predicted_tpot_ms=20, first_at=NOW)
+    r.dispatched("a", 10)
+    r.first_token("a", 10, d)
+    assert r.views(NOW)[0].decode_slack_ms == pytest.approx(400 - 10 * 20)
+    d.tokens = 6  # 5 tokens in 100 ms: 20 ms each, 5 to come
+    assert r.views(NOW + 0.1)[0].decode_slack_ms == pytest.approx(400 - 100 - 5 * 20)
+    r.finished("a", 10, got_first_token=True, decoding=d)
+    assert r.views(NOW + 0.1)[0].decode_slack_ms is None
