@@ -519,7 +519,7 @@ class RequestPipeline:
             pool=decision.pool,
             reason=decision.reason.value,
             slo=slo,
-            load=self._router.load_of(decision.pool),
+            load=decision.load,
             prompt_tokens=prompt_tokens,
             started=admission.arrived if admission is not None else tokenized,
             predicted_ttft_ms=decision.predicted.ttft_ms,

@@ -103,6 +103,7 @@ class RouteTo:
     pool: str
     reason: RouteReason
     predicted: Prediction
+    load: Load  # the pool's load per replica the decision saw (what routing later learns with)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,7 +230,7 @@ def decide(
             p, pred = min(
                 safe or open_, key=lambda pp: pp[1].ttft_ms + pp[1].tpot_ms * features.max_tokens
             )
-            return RouteTo(p.name, RouteReason.FASTEST, pred)
+            return RouteTo(p.name, RouteReason.FASTEST, pred, p.load)
     else:
         fits = [(p, pred) for p, pred in safe if ratios[p.name] <= config.fit_margin]
         if fits:
@@ -240,14 +241,14 @@ def decide(
                 config.placement,
             )
             reason = RouteReason.SPILLOVER if overall.name != p.name else RouteReason.SLO_FIT
-            return RouteTo(p.name, reason, pred)
+            return RouteTo(p.name, reason, pred, p.load)
         meets = [(p, pred) for p, pred in safe if ratios[p.name] <= 1.0]
         if meets:
             p, pred = min(meets, key=lambda pp: ratios[pp[0].name])
-            return RouteTo(p.name, RouteReason.SLO_TIGHT, pred)
+            return RouteTo(p.name, RouteReason.SLO_TIGHT, pred, p.load)
         if open_ and slo.best_effort:
             p, pred = min(open_, key=lambda pp: ratios[pp[0].name])
-            return RouteTo(p.name, RouteReason.BEST_EFFORT, pred)
+            return RouteTo(p.name, RouteReason.BEST_EFFORT, pred, p.load)
 
     best, best_pred = min(scored, key=lambda pp: ratios[pp[0].name])
     retry = _retry_after_s(best, best_pred, slo, config, now)
@@ -303,4 +304,4 @@ def decide_plain(
         order = {p.name: (i - turn) % len(live) for i, p in enumerate(live)}
         pool = min(live, key=lambda p: (_requests_per_replica(p), order[p.name]))
         reason = RouteReason.LEAST_LOAD
-    return RouteTo(pool.name, reason, predict(pool, features, now))
+    return RouteTo(pool.name, reason, predict(pool, features, now), pool.load)

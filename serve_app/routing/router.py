@@ -148,9 +148,6 @@ class Router:
         least_load = policy is Policy.LEAST_LOAD
         return decide_plain(features, self.views(now), now, self._turn, only, least_load)
 
-    def load_of(self, pool: str) -> Load:
-        return next(v for v in self.views() if v.name == pool).load
-
     def dispatched(self, pool: str, prompt_tokens: int) -> None:
         local = self._local[pool]
         local.waiting += 1

@@ -200,7 +200,7 @@ def test_reject_for_latency_carries_retry_after() -> None:
 def test_learned_factor_changes_the_choice() -> None:
     slo = SLO("i", ttft_ms=150)
     assert decide(req(), slo, [LOW, THR], CONFIG, NOW) == RouteTo(
-        "throughput", RouteReason.SLO_FIT, predict(THR, req(), NOW)
+        "throughput", RouteReason.SLO_FIT, predict(THR, req(), NOW), THR.load
     )
     # throughput turned out 3x slower than its prior: it no longer fits
     model = THR.model
