@@ -548,6 +548,10 @@ class OpenAILayer:
         else:
             try:
                 async for event in result:
+                    if not watch.first.is_set() and self._llm.errored:
+                        # vLLM's stream turns the dead engine into an error event; nothing of
+                        # this request reached the client yet, so the ingress routes it again
+                        raise EngineDeadError(str(event)[:300])
                     yield watch.chunk(event)
             finally:
                 await result.aclose()

@@ -438,15 +438,19 @@ def test_hundred_streams_ten_cancelled(app_server: AppServer) -> None:
 
 
 async def _load_request(
-    session: aiohttp.ClientSession, url: str, stream: bool = True
+    session: aiohttp.ClientSession, url: str, stream: bool = True, pool: str | None = None
 ) -> dict[str, Any]:
-    """One request; when it started and ended, where it went, whether it was whole."""
+    """One request (to `pool` only, if named); when it started and ended, where it went,
+    whether it was whole."""
     body = {"model": MODEL, "prompt": "Count slowly", "max_tokens": 48, "ignore_eos": True}
     if stream:  # (vLLM refuses stream_options without a stream, as OpenAI does)
         body |= {"stream": True, "stream_options": {"include_usage": True}}
     out: dict[str, Any] = {"started": time.monotonic(), "ok": False, "pool": None}
     out["stream"] = stream
-    async with session.post(url + C, json=body, headers={"x-slo-class": "batch"}) as r:
+    headers = {"x-slo-class": "batch"}
+    if pool is not None:
+        headers["x-route-policy"] = f"single:{pool}"
+    async with session.post(url + C, json=body, headers=headers) as r:
         out["status"] = r.status
         out["pool"] = r.headers.get("x-serve-pool")
         if r.status == 200 and not stream:
@@ -475,6 +479,10 @@ def test_engine_core_killed_under_load(app_server: AppServer) -> None:
     # The victim: the engine core of the pool running the most of the load when the kill comes
     # (class batch goes to the pool predicted fastest, which depends on what routing learned).
     victims: list[tuple[str, psutil.Process]] = []
+    # Streams sent to that pool alone at the kill, before the replica can know its engine died:
+    # nothing of them has reached the client, so each must get a status, not a 200 stream that
+    # carries only an error.
+    pinned: list[asyncio.Task[dict[str, Any]]] = []
 
     async def run() -> None:
         timeout = aiohttp.ClientTimeout(total=120)
@@ -493,11 +501,16 @@ def test_engine_core_killed_under_load(app_server: AppServer) -> None:
                     victims.append((pool, engine_core_of(pool)))
                     killed_at.append(time.monotonic())
                     os.kill(victims[0][1].pid, signal.SIGKILL)
+                    for _ in range(4):
+                        pinned.append(
+                            asyncio.create_task(_load_request(session, app_server.url, pool=pool))
+                        )
                 await asyncio.sleep(0.1)
                 done = {t for t in pending if t.done()}
                 outcomes.extend(t.result() for t in done)
                 pending -= done
             outcomes.extend(await asyncio.gather(*pending))
+            await asyncio.gather(*pinned)
 
     asyncio.run(run())
     kill = killed_at[0]
@@ -524,6 +537,9 @@ def test_engine_core_killed_under_load(app_server: AppServer) -> None:
     )
     assert all(o["status"] == 503 and o["bytes"] <= 2048 for o in failed_whole), failed_whole
     assert all(json.loads(o["error"])["error"]["type"] for o in failed_whole)
+    at_kill = [t.result() for t in pinned]
+    print(f"streams sent to {pool} alone at the kill: statuses {[o['status'] for o in at_kill]}")
+    assert all(o["status"] == 503 and json.loads(o["error"])["error"]["type"] for o in at_kill)
     # The pool comes back to full strength: a new engine core, serving again.
     recovered = _serving_again(pool, victim.pid, kill)
     print(f"{pool} pool back at full strength {recovered} s after the kill")
