@@ -61,6 +61,11 @@ def calibration(samples: list[Sample]) -> dict[str, dict[str, float | int]]:
     return out
 
 
+def _refusal(sample: Sample) -> str:
+    """A refusal's status and, where the app named it, its reason: `429 protects-running`."""
+    return (sample.error or "").removeprefix("HTTP ") or str(sample.status)
+
+
 def record(
     result: RunResult, policy: str, multiple: float, repeat: int, machine: str
 ) -> dict[str, Any]:
@@ -95,6 +100,9 @@ def record(
             c: {
                 "offered": len(group),
                 "refused": sum(s.status in REFUSED for s in group),
+                "refused_by": dict(
+                    sorted(_count(_refusal(s) for s in group if s.status in REFUSED).items())
+                ),
                 "attainment_offered": share(group),
                 "attainment_admitted": share([s for s in group if s.status not in REFUSED]),
                 "ttft_ms": percentiles([s.ttft_ms for s in group if s.ok and s.ttft_ms]),

@@ -9,6 +9,7 @@ Each request is timed at the client: time to first token, gaps between chunks, e
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -196,7 +197,9 @@ class HTTPTarget:
                     sample.stages = parse_server_timing(timing)
                 if r.status != 200:
                     sample.error = f"HTTP {r.status}"
-                    await r.read()
+                    with contextlib.suppress(ValueError, KeyError, TypeError):
+                        # the app's refusal names its reason (routing.policy.RejectReason)
+                        sample.error += f" {(await r.json(content_type=None))['error']['code']}"
                     return sample
                 async for raw in r.content:
                     now = time.perf_counter()

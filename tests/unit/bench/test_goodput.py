@@ -62,6 +62,20 @@ def test_attainment_per_class_uses_each_class_target() -> None:
     assert row["by_class"]["standard"]["attainment_offered"] == 1.0
 
 
+def test_refusals_are_counted_per_class_by_the_reason_the_app_gave() -> None:
+    samples = [sample(i, "standard", None, status=429) for i in range(3)]
+    samples[0].error = "HTTP 429 protects-running"
+    samples[1].error = "HTTP 429 saturated"
+    samples[2].error = "HTTP 429 protects-running"
+    samples.append(sample(3, "interactive", None, status=503))
+    row = record(result(samples), "slo", 1.0, 0, "m")
+    assert row["by_class"]["standard"]["refused_by"] == {
+        "429 protects-running": 2,
+        "429 saturated": 1,
+    }
+    assert row["by_class"]["interactive"]["refused_by"] == {"503": 1}
+
+
 def test_calibration_compares_predicted_and_observed_ttft_per_pool() -> None:
     samples = [sample(i, "interactive", 50.0 + 10 * i, pool="a") for i in range(10)]
     samples.append(sample(10, "interactive", 25.0, pool="b"))
