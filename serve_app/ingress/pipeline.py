@@ -19,7 +19,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, MutableMapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple, Protocol, cast
 
 from fastapi.exceptions import RequestValidationError
@@ -46,7 +46,7 @@ from serve_app.ingress.schemas import Extensions
 from serve_app.ingress.truncation import TRUNCATED_HEADER
 from serve_app.routing.config import Policy
 from serve_app.routing.estimator import Decoding, Load
-from serve_app.routing.policy import Reject, RequestFeatures, RouteTo
+from serve_app.routing.policy import Decision, Reject, RejectReason, RequestFeatures, RouteTo
 from serve_app.routing.router import Router
 from serve_app.routing.slo import (
     CLASS_HEADER,
@@ -255,6 +255,7 @@ class RequestPipeline:
         # pools' autoscaling counts (through the board).
         self._refused: dict[str, int] = {}
         self._ingress_id = ingress_id
+        self._held = 0  # requests waiting for a pool that protects its running requests
         self._refresher: asyncio.Task[None] | None = None
 
     @property
@@ -494,7 +495,41 @@ class RequestPipeline:
         policy, policy_arg = parse_route_policy(headers, self._config.routing, self._config.pools)
         return RouteHeaders(slo, policy, policy_arg)
 
-    def _route(self, call: ApiCall, prompt_tokens: int, request: Request) -> Routed:
+    def _may_hold(self, decision: Decision, slo: SLO) -> bool:
+        """A pool would meet the SLO once its running requests can spare the prefill, and the
+        TTFT target leaves time to wait another poll for that."""
+        poll_ms = self._config.routing.hold_poll_ms
+        return (
+            isinstance(decision, Reject)
+            and decision.reason is RejectReason.PROTECTS_RUNNING
+            and decision.wait_ttft_ms is not None
+            and slo.ttft_ms is not None
+            and decision.wait_ttft_ms + poll_ms <= slo.ttft_ms
+        )
+
+    async def _decide(
+        self, features: RequestFeatures, slo: SLO, policy: Policy, policy_arg: str | None
+    ) -> Decision:
+        """Route the request; if the pools that would meet its SLO protect their running
+        requests, hold it (up to `max_held` per ingress) and decide again every poll, against
+        what is left of its TTFT target, rather than refuse what a short wait would serve."""
+        decision = self._router.decide(features, slo, time.time(), policy, policy_arg)
+        if self._held >= self._config.routing.max_held or not self._may_hold(decision, slo):
+            return decision
+        assert slo.ttft_ms is not None
+        self._held += 1
+        held = time.perf_counter()
+        try:
+            while True:
+                await asyncio.sleep(self._config.routing.hold_poll_ms / 1e3)
+                left = replace(slo, ttft_ms=slo.ttft_ms - elapsed_ms(held, time.perf_counter()))
+                decision = self._router.decide(features, left, time.time(), policy, policy_arg)
+                if not self._may_hold(decision, left):
+                    return decision
+        finally:
+            self._held -= 1
+
+    async def _route(self, call: ApiCall, prompt_tokens: int, request: Request) -> Routed:
         tokenized = time.perf_counter()
         admission = Admission.of(request)
         parsed = admission.headers if admission is not None else None
@@ -510,7 +545,7 @@ class RequestPipeline:
             max_tokens=asked or self._config.default_max_tokens,
             max_tokens_set=asked is not None,
         )
-        decision = self._router.decide(features, slo, time.time(), policy, policy_arg)
+        decision = await self._decide(features, slo, policy, policy_arg)
         if not isinstance(decision, RouteTo):
             raise self._refusal(decision)
         self.metrics.route(decision.pool, decision.reason.value)
@@ -537,7 +572,7 @@ class RequestPipeline:
         prompt_tokens = sum(len(i["prompt_token_ids"]) for i in call.inputs)
         self._check_limits(prompt_tokens, _max_tokens(call))
         for attempt in range(2):
-            routed = self._route(call, prompt_tokens, request)
+            routed = await self._route(call, prompt_tokens, request)
             routed.truncated = truncated
             gen = GenerationRequest(
                 request_id=routed.request_id,

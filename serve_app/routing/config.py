@@ -103,6 +103,16 @@ class RoutingConfig(BaseModel):
         Placement.BEST_FIT,
         description="Which pool takes a request when several meet its SLO with margin.",
     )
+    max_held: int = Field(
+        64,
+        ge=0,
+        description="Requests per ingress that may wait, instead of being refused at once, for "
+        "a pool that would meet their SLO but protects its running requests: each is decided "
+        "again every `hold_poll_ms` while its TTFT target still allows (0: refuse at once).",
+    )
+    hold_poll_ms: float = Field(
+        20.0, gt=0, description="How often a held request is decided again (ms)."
+    )
     allow_policy_header: bool = Field(
         False,
         description="Honour `x-route-policy` (slo | round-robin | single:<pool>) per request: "

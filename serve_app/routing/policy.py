@@ -25,7 +25,8 @@
    its running requests, if any does).
 6. No pool meets the SLO: reject 429 with Retry-After (the time the best pool's queue needs to
    drain below the target; reason `protects-running` when a pool would meet it but must protect
-   its running requests), unless the request asked for best effort: then the lowest ratio wins.
+   its running requests; the ingress may hold such a request while its TTFT target allows,
+   and decide again), unless the request asked for best effort: then the lowest ratio wins.
    A refusal for lack of capacity names the pool that would have met the SLO idle
    (`demand_pool`): refused demand counts towards that pool's autoscaling.
 """
@@ -114,6 +115,9 @@ class Reject:
     retry_after_s: float | None = None
     param: str | None = None
     demand_pool: str | None = None  # refused for lack of capacity: the pool that lacked it
+    # protects-running: the lowest TTFT predicted on a pool that would take the request once
+    # its running requests can spare the prefill (how long the request may still wait for it)
+    wait_ttft_ms: float | None = None
 
 
 Decision = RouteTo | Reject
@@ -257,16 +261,19 @@ def decide(
         return Reject(
             429, RejectReason.SATURATED, "every pool that fits is saturated", retry, None, demand
         )
-    crowded = [p.name for p, _ in open_ if ratios[p.name] <= 1.0 and not protects(p, features)]
+    crowded = [
+        (p, pred) for p, pred in open_ if ratios[p.name] <= 1.0 and not protects(p, features)
+    ]
     if crowded:
         return Reject(
             429,
             RejectReason.PROTECTS_RUNNING,
-            f"taking it would make requests decoding on {', '.join(crowded)} miss their TPOT "
-            "target",
+            f"taking it would make requests decoding on {', '.join(p.name for p, _ in crowded)} "
+            "miss their TPOT target",
             retry,
             None,
             demand,
+            min(pred.ttft_ms for _, pred in crowded),
         )
     return Reject(
         429,

@@ -148,6 +148,41 @@ async def test_a_stream_with_a_tpot_target_is_protected_while_it_decodes() -> No
         assert (await c.get("/pools")).json()[pool]["decode_slack_ms"] is None
 
 
+@pytest.mark.parametrize("max_held", [64, 0])
+async def test_a_request_its_pool_cannot_take_yet_waits_while_its_ttft_target_allows(
+    max_held: int,
+) -> None:
+    """A document whose prefill would make the stream decoding on the only pool miss its TPOT
+    target waits for it and is served; with holding off it is refused at once."""
+    # prefill at 10 ms per token: the 300-token document stalls a decode for 3 s, more than
+    # the stream's slack (40 tokens at a 50 ms target, the fake taking ~5 ms each: < 2 s)
+    routing = {"priors": {"low-latency": {"ttft_ms_per_prompt_token": 10}}, "max_held": max_held}
+    stream = {"prompt": "Hello", "max_tokens": 40, "stream": True}
+    doc = {"prompt": "x" * 300, "max_tokens": 4}
+    patient = {"x-slo-ttft-ms": "20000", "x-slo-tpot-ms": "1000"}
+    async with (
+        local_app(profiles=["low-latency"], routing=routing) as app,
+        httpx.AsyncClient(base_url=app.url) as c,
+    ):
+        async with c.stream(
+            "POST", "/v1/completions", json=stream, headers={"x-slo-class": "interactive"}
+        ) as r:
+            lines = r.aiter_lines()
+            await anext(lines)
+            waiting = asyncio.create_task(c.post("/v1/completions", json=doc, headers=patient))
+            async for _ in lines:
+                pass
+            stream_ended = asyncio.get_running_loop().time()
+        answer = await waiting
+        answered = asyncio.get_running_loop().time()
+    if max_held:
+        assert answer.status_code == 200, answer.text
+        assert answered > stream_ended  # it went in once the stream no longer needed the room
+    else:
+        assert answer.status_code == 429
+        assert answer.json()["error"]["code"] == "protects-running"
+
+
 async def test_api_keys_are_required_when_configured(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(KEYS_ENV, "k1,k2")
     async with (

@@ -442,6 +442,8 @@ def test_a_document_that_would_make_the_running_requests_miss_is_refused() -> No
     crowded = decide(doc, slo, [replace(thr, decode_slack_ms=2500)], CONFIG, NOW)
     assert isinstance(crowded, Reject) and crowded.reason is RejectReason.PROTECTS_RUNNING
     assert crowded.status == 429 and "throughput" in crowded.message
+    # how long it may still wait for them: the TTFT the pool is predicted to give it
+    assert crowded.wait_ttft_ms == pytest.approx(predict(thr, doc, NOW).ttft_ms)
     # the prefill queued ahead of it stalls them as well
     queued = replace(thr, decode_slack_ms=3500, queued_tokens=1000)
     assert isinstance(decide(doc, slo, [queued], CONFIG, NOW), Reject)
