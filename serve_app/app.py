@@ -19,7 +19,7 @@ from ray.serve.deployment import Deployment
 
 from serve_app.autoscaling import POLICY_PATH
 from serve_app.config import AppArgs, IngressConfig, PoolInfo
-from serve_app.constants import BUILTIN_PREFIX
+from serve_app.constants import BUILTIN_PREFIX, CHANNEL_SLOTS
 from serve_app.engine.fake import FakeEngine
 from serve_app.engine.replica import EngineReplica, vllm_engine
 from serve_app.ingress.api import Ingress
@@ -84,7 +84,9 @@ def _pool_deployment(profile: ResolvedProfile, board: Application, args: AppArgs
         cast(Deployment, serve.deployment(EngineReplica))
         .options(
             name=f"pool-{profile.name}",
-            max_ongoing_requests=pool.max_ongoing_requests,
+            # a stream channel per ingress replica is a call in flight too (engine/channel.py)
+            max_ongoing_requests=pool.max_ongoing_requests
+            + (CHANNEL_SLOTS if pool.stream_channel else 0),
             max_queued_requests=pool.max_queued_requests,
             autoscaling_config=_autoscaling_config(profile),
             ray_actor_options=_actor_options(profile, args.num_gpus_per_replica),
@@ -120,6 +122,7 @@ def ingress_config(args: AppArgs, profiles: list[ResolvedProfile]) -> IngressCon
                 max_model_len=p.max_model_len,
                 min_replicas=p.pool.min_replicas,
                 step_tokens=p.engine.max_num_batched_tokens or DEFAULT_STEP_TOKENS,
+                stream_channel=p.pool.stream_channel,
             )
             for p in profiles
         },

@@ -60,6 +60,7 @@ class PoolInfo(BaseModel):
     max_model_len: int
     min_replicas: int
     step_tokens: int = DEFAULT_STEP_TOKENS  # max_num_batched_tokens
+    stream_channel: bool = True  # the ingress opens stream channels to the pool's replicas
 
 
 class IngressConfig(BaseModel):

@@ -21,3 +21,6 @@ STATS_STALE_AFTER_S = 3.0
 READY_RETRY_AFTER_S = 5
 
 DEFAULT_MAX_TOKENS = 256
+# Calls a pool replica takes beyond its max_ongoing_requests: the ingress replicas' stream
+# channels (serve_config.yaml's ingress scales to 2 replicas)
+CHANNEL_SLOTS = 2

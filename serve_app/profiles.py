@@ -114,11 +114,18 @@ class PoolSpec(BaseModel):
     downscale_delay_s: float = Field(30.0, ge=0, description="Idle this long to scale down.")
     num_cpus: float = Field(1, gt=0, description="CPUs reserved per replica on a CPU platform.")
     stream_messages_per_s: float | None = Field(
-        2000,
+        16000,
         gt=0,
-        description="Message budget of one replica's token streams. With N streams open, each "
-        "sends at most one message per N/budget seconds, carrying every token produced since "
-        "(the first token always goes at once). None: one message per engine step.",
+        description="Event budget of one replica's token streams. With N streams open, each "
+        "takes its next output at most every N/budget seconds, carrying every token produced "
+        "since (the first token always goes at once); the budget shrinks while the ingress "
+        "falls behind. None: every engine step.",
+    )
+    stream_channel: bool = Field(
+        True,
+        description="The ingress opens one channel per replica that carries all of its streams' "
+        "chunks, one message per engine step (false: a message per chunk on each request's own "
+        "call; set stream_messages_per_s to about 2000 then).",
     )
 
     @model_validator(mode="after")

@@ -59,6 +59,9 @@ class GenerationRequest:
     # The OpenAI request, when the response is to be vLLM's own (every request of the HTTP API);
     # None: plain generation (benchmarks of the bare replica, tests)
     api: ApiCall | None = None
+    # The ingress whose stream channel to the replica may carry this request's chunks
+    # (engine/channel.py); empty: its own call carries them
+    channel: str = ""
 
     @property
     def prompt_tokens(self) -> int:

@@ -19,6 +19,7 @@ from ray.serve.handle import DeploymentHandle
 
 from serve_app.autoscaling import ARRIVALS_METRIC, REFUSED_METRIC, WAITING_METRIC
 from serve_app.constants import ENGINE_START_TIMEOUT_S, STATS_PERIOD_S
+from serve_app.engine.channel import Batch, ChannelHello, Channels
 from serve_app.engine.coalesce import MessageBudget
 from serve_app.engine.metrics import ReplicaMetrics
 from serve_app.engine.prefill import PrefillMeter, RecentRate
@@ -87,6 +88,7 @@ class EngineReplica:
         except Exception:  # outside Serve (unit tests)
             self._replica_id = f"local-{profile.name}-{id(self)}"
         self._placement = _placement()
+        self._channels = Channels(self._replica_id)
         started = time.monotonic()
         await asyncio.wait_for(self._engine.start(), ENGINE_START_TIMEOUT_S)
         logger.info(
@@ -106,6 +108,10 @@ class EngineReplica:
         next output, and the engine merges the deltas produced meanwhile into one (vLLM's DELTA
         outputs accumulate until read). The first token always goes at once; with few streams
         the share is shorter than an engine step, so every step goes out as it comes.
+
+        When the request's ingress has a channel to this replica (engine/channel.py), the chunks
+        go on the channel, together with the other streams', and this call yields nothing: it
+        ends when the request does (or raises, as without a channel).
         """
         received = time.time()
         started = time.perf_counter()
@@ -115,6 +121,7 @@ class EngineReplica:
         prompt_tokens = request.prompt_tokens
         self._arrivals.add()
         self._prefill.queued(prompt_tokens)
+        channel = self._channels.get(request.channel)
         try:
             async for chunk in self._engine.generate(request):
                 if first_at is None and chunk.num_tokens:
@@ -126,11 +133,16 @@ class EngineReplica:
                         chunk.stages[Stage.DISPATCH] = elapsed_ms(request.sent_at, received)
                 last = chunk
                 chunk.sent_at = time.time()
-                yield chunk
+                if channel is not None and channel.open:
+                    channel.put(request.request_id, chunk)
+                else:
+                    yield chunk
                 if self._budget is not None and chunk.finish_reason is None:
                     gap_s = self._budget.gap_s(self._streams)
                     if gap_s > MIN_COALESCE_S:
                         await asyncio.sleep(gap_s)
+            if channel is not None and channel.open:
+                channel.put(request.request_id, None)  # the stream's end
         finally:
             self._streams -= 1
             if first_at is None:
@@ -138,6 +150,11 @@ class EngineReplica:
         if first_at is not None and last is not None and last.completion_tokens > 1:
             decode_s = time.perf_counter() - first_at
             self._tpot_ms.append(decode_s * 1e3 / (last.completion_tokens - 1))
+
+    async def channel(self, ingress_id: str) -> AsyncIterator[ChannelHello | Batch]:
+        """A stream channel to ingress `ingress_id`: a hello, then batches of chunks."""
+        async for message in self._channels.serve(ingress_id):
+            yield message
 
     async def stats(self) -> EngineStats:
         return self._engine.stats()

@@ -30,6 +30,7 @@ from starlette.requests import Request
 from serve_app.config import IngressConfig
 from serve_app.constants import READY_RETRY_AFTER_S, STATS_PERIOD_S
 from serve_app.engine.protocol import ApiCall, ApiKind, GenerationRequest, StreamChunk
+from serve_app.ingress.channels import IngressChannels
 from serve_app.ingress.errors import (
     BadRequest,
     EngineFailure,
@@ -255,6 +256,9 @@ class RequestPipeline:
         # pools' autoscaling counts (through the board).
         self._refused: dict[str, int] = {}
         self._ingress_id = ingress_id
+        self._channels = IngressChannels(
+            self._pools, ingress_id, [n for n, p in config.pools.items() if p.stream_channel]
+        )
         self._held = 0  # requests waiting for a pool that protects its running requests
         self._refresher: asyncio.Task[None] | None = None
 
@@ -280,6 +284,7 @@ class RequestPipeline:
     def stop(self) -> None:
         if self._refresher is not None:
             self._refresher.cancel()
+        self._channels.stop()
 
     async def refresh(self) -> None:
         """One exchange with the board: report lag and refusals, take the pools' state."""
@@ -291,6 +296,8 @@ class RequestPipeline:
             self._board.refused.remote(refused)
         snapshot = await asyncio.wait_for(self._board.snapshot.remote(), BOARD_TIMEOUT_S)
         self._router.update(snapshot)
+        for pool, snap in snapshot.items():
+            self._channels.want(pool, (replica_id for replica_id, _ in snap.placements))
 
     async def _refresh_forever(self) -> None:
         while True:
@@ -574,18 +581,18 @@ class RequestPipeline:
         for attempt in range(2):
             routed = await self._route(call, prompt_tokens, request)
             routed.truncated = truncated
+            carried = self._channels.may_carry(routed.request_id)
             gen = GenerationRequest(
                 request_id=routed.request_id,
                 prompt_token_ids=[],
                 max_tokens=0,  # the request's own (vLLM's serving layer reads it)
                 sent_at=time.time() if self._config.server_timing else 0.0,
                 api=call,
+                channel=self._channels.ingress_id if carried else "",
             )
             self._router.dispatched(routed.pool, routed.prompt_tokens)
-            stream = cast(
-                ChunkStream,
-                self._pools[routed.pool].generate.remote(gen),
-            )
+            own = self._pools[routed.pool].generate.remote(gen)
+            stream = self._channels.stream(routed.request_id, own, carried)
             chunks = self._track(routed, stream)
             try:
                 # Wait for the first chunk before answering, so that a refusal by the engine

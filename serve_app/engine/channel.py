@@ -1,0 +1,92 @@
+"""Stream channels: one message per engine step for all of an ingress's streams on a replica.
+
+Without a channel every chunk of every stream is a message of its own between the pool replica
+and the ingress (pickled, framed, sent, received, unpickled and woken up for, on both sides):
+with N streams open that is N messages per engine step, and the replica must coalesce
+(engine/coalesce.py) to keep the message rate within what the two processes can handle, which
+makes streams chunky. An ingress opens one long-lived call per pool replica (`channel`); the
+replica then puts the chunks of that ingress's streams on it instead of on each request's own
+stream, and sends whatever accumulated as one message: the streams woken by one engine step
+travel together, so messages scale with steps, not streams.
+
+A request's own call stays open until it ends: it carries errors, cancellation (the client went
+away) and Serve's request accounting, and its chunks whenever its ingress has no channel to this
+replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from serve_app.engine.protocol import StreamChunk
+
+# (request id, chunk or None: that stream's end), in the order they were produced
+Batch = list[tuple[str, StreamChunk | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelHello:
+    """A channel's first message: which replica it reaches, and whether it is open.
+
+    Not accepted: the ingress already has a channel to this replica (Serve routed the call to a
+    replica it had reached before); the call ends at once.
+    """
+
+    replica_id: str
+    accepted: bool
+
+
+class Channel:
+    """The chunks waiting to go to one ingress."""
+
+    def __init__(self) -> None:
+        self._pending: Batch = []
+        self._ready = asyncio.Event()
+        self.open = True
+
+    def put(self, request_id: str, chunk: StreamChunk | None) -> None:
+        self._pending.append((request_id, chunk))
+        self._ready.set()
+
+    async def batches(self) -> AsyncIterator[Batch]:
+        """Everything put since the last batch, once there is something."""
+        while True:
+            await self._ready.wait()
+            # One turn of the loop: the other streams woken by the same engine step add theirs.
+            await asyncio.sleep(0)
+            self._ready.clear()
+            batch, self._pending = self._pending, []
+            yield batch
+
+
+class Channels:
+    """A replica's open channels, by ingress id."""
+
+    def __init__(self, replica_id: str) -> None:
+        self._replica_id = replica_id
+        self._open: dict[str, Channel] = {}
+
+    def get(self, ingress_id: str) -> Channel | None:
+        channel = self._open.get(ingress_id) if ingress_id else None
+        return channel if channel is not None and channel.open else None
+
+    async def serve(self, ingress_id: str) -> AsyncIterator[ChannelHello | Batch]:
+        """A channel's messages: the hello, then batches until the ingress closes it."""
+        if ingress_id in self._open:
+            yield ChannelHello(self._replica_id, accepted=False)
+            return
+        channel = self._open[ingress_id] = Channel()
+        try:
+            yield ChannelHello(self._replica_id, accepted=True)
+            async for batch in channel.batches():
+                yield batch
+        finally:
+            # Streams still running send on their own calls from now on; chunks still pending
+            # here are lost with the ingress that was to read them.
+            channel.open = False
+            del self._open[ingress_id]
+
+    def __len__(self) -> int:
+        return len(self._open)

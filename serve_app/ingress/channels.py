@@ -1,0 +1,189 @@
+"""The ingress's end of the stream channels (engine/channel.py): one per pool replica.
+
+The ingress keeps a channel open to every replica the board lists for a pool whose profile asks
+for them (`pool.stream_channel`). Serve routes a channel call like any other, so the ingress
+cannot name the replica: it opens one call at a time per pool until every listed replica has
+answered with an accepted hello (a replica it already reaches answers "not accepted" and the
+call ends). A request dispatched meanwhile, or to a replica the ingress has no channel to yet,
+gets its chunks on its own call, as without channels.
+
+`ChannelStream` is what the pipeline iterates for one request either way: the chunks of its own
+call and those the channels bring for it, in the order they arrive, ending with its last chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any, cast
+
+from serve_app.engine.channel import Batch, ChannelHello
+from serve_app.engine.protocol import StreamChunk
+
+logger = logging.getLogger("ray.serve")
+
+RETRY_S = 1.0  # after a failed or refused channel call, wait this long before the next one
+# Own call ended before the last chunk: the channel's message with it is still on its way.
+IN_FLIGHT_S = 5.0
+
+
+class _Ended:
+    """The request's own call ended (without error)."""
+
+
+ENDED = _Ended()
+Item = StreamChunk | BaseException | _Ended | None  # None: a channel says the stream ended
+
+
+class ChannelStream:
+    """One request's chunks, whichever way they come (the pipeline's ChunkStream).
+
+    The stream ends when its own call ends having carried chunks (no channel did), or when a
+    channel says so. Its own call ending without chunks means a channel carried them: its end
+    is then on the way, and waited for up to IN_FLIGHT_S.
+    """
+
+    def __init__(self, key: str, own: Any, streams: dict[str, ChannelStream] | None) -> None:
+        self._key = key
+        self._own = own
+        self._streams = streams if streams is not None else {}
+        self._queue: asyncio.Queue[Item] = asyncio.Queue()
+        self._done = False
+        self._own_chunks = 0
+        self._own_ended = False
+        if streams is not None:
+            streams[key] = self
+        self._watcher = asyncio.get_running_loop().create_task(self._watch())
+
+    def deliver(self, chunk: StreamChunk | None) -> None:
+        self._queue.put_nowait(chunk)
+
+    async def _watch(self) -> None:
+        try:
+            async for chunk in self._own:
+                self._own_chunks += 1
+                self._queue.put_nowait(chunk)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:
+            self._queue.put_nowait(e)
+        else:
+            self._queue.put_nowait(ENDED)
+
+    def __aiter__(self) -> ChannelStream:
+        return self
+
+    async def __anext__(self) -> StreamChunk:
+        while not self._done:
+            if self._own_ended:
+                try:
+                    item = await asyncio.wait_for(self._queue.get(), IN_FLIGHT_S)
+                except TimeoutError:
+                    break
+            else:
+                item = await self._queue.get()
+            if isinstance(item, StreamChunk):
+                return item
+            if isinstance(item, BaseException):
+                self._finish()
+                raise item
+            if item is None:  # a channel brought the end
+                break
+            self._own_ended = True
+            if self._own_chunks or self._streams.get(self._key) is not self:
+                break  # no channel carried it: that was all
+        self._finish()
+        raise StopAsyncIteration
+
+    def _finish(self) -> None:
+        self._done = True
+        if self._streams.get(self._key) is self:
+            del self._streams[self._key]
+
+    def cancel(self) -> None:
+        """The client went away or the ingress failed: abort the request in the engine."""
+        self._finish()
+        self._watcher.cancel()
+        self._own.cancel()
+
+
+class IngressChannels:
+    """This ingress's channels to the pools' replicas, and the streams they deliver to."""
+
+    def __init__(self, pools: Mapping[str, Any], ingress_id: str, enabled: Iterable[str]) -> None:
+        self._pools = pools
+        self._ingress_id = ingress_id
+        self._enabled = frozenset(enabled)
+        self._streams: dict[str, ChannelStream] = {}
+        self._open: dict[str, set[str]] = {pool: set() for pool in self._enabled}
+        self._opening: dict[str, asyncio.Task[None]] = {}
+        self._readers: set[asyncio.Task[None]] = set()
+
+    @property
+    def ingress_id(self) -> str:
+        return self._ingress_id
+
+    def open_to(self, pool: str) -> frozenset[str]:
+        """The replicas of `pool` this ingress has a channel to."""
+        return frozenset(self._open.get(pool, ()))
+
+    def want(self, pool: str, replica_ids: Iterable[str]) -> None:
+        """Open channels to the replicas of `pool` that lack one (one call at a time)."""
+        if pool not in self._enabled or pool in self._opening:
+            return
+        if set(replica_ids) <= self._open[pool]:
+            return
+        task = asyncio.get_running_loop().create_task(self._open_one(pool))
+        self._opening[pool] = task
+        task.add_done_callback(lambda _: self._opening.pop(pool, None))
+
+    def may_carry(self, key: str) -> bool:
+        """Whether a channel may carry the stream of request `key` (no other stream has it)."""
+        return bool(self._enabled) and key not in self._streams
+
+    def stream(self, key: str, own: Any, carried: bool) -> ChannelStream:
+        """Track one request's chunks: its own call's and, when `carried`, the channels'.
+
+        Call it right after dispatching (no await between), so no chunk arrives untracked.
+        """
+        return ChannelStream(key, own, self._streams if carried else None)
+
+    async def _open_one(self, pool: str) -> None:
+        stream = self._pools[pool].channel.remote(self._ingress_id)
+        try:
+            hello = cast(ChannelHello, await anext(stream))
+        except Exception as e:
+            logger.warning("pool %s: stream channel failed to open: %r", pool, e)
+            stream.cancel()
+            await asyncio.sleep(RETRY_S)
+            return
+        if not hello.accepted:  # Serve routed it to a replica already reached
+            await asyncio.sleep(RETRY_S / 10)
+            return
+        self._open[pool].add(hello.replica_id)
+        reader = asyncio.get_running_loop().create_task(self._read(pool, hello.replica_id, stream))
+        self._readers.add(reader)
+        reader.add_done_callback(self._readers.discard)
+
+    async def _read(self, pool: str, replica_id: str, stream: Any) -> None:
+        try:
+            async for batch in stream:
+                streams = self._streams
+                for key, chunk in cast(Batch, batch):
+                    target = streams.get(key)
+                    if target is not None:
+                        target.deliver(chunk)
+        except asyncio.CancelledError:
+            stream.cancel()
+            raise
+        except Exception as e:  # the replica is gone: its requests fail on their own calls
+            logger.info("pool %s: stream channel to %s closed: %r", pool, replica_id, e)
+        finally:
+            self._open[pool].discard(replica_id)
+
+    def stop(self) -> None:
+        for task in (*self._opening.values(), *self._readers):
+            with contextlib.suppress(Exception):
+                task.cancel()
