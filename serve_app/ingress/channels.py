@@ -163,6 +163,7 @@ class IngressChannels:
             await asyncio.sleep(RETRY_S / 10)
             return
         self._open[pool].add(hello.replica_id)
+        logger.info("pool %s: stream channel to replica %s open", pool, hello.replica_id)
         reader = asyncio.get_running_loop().create_task(self._read(pool, hello.replica_id, stream))
         self._readers.add(reader)
         reader.add_done_callback(self._readers.discard)
