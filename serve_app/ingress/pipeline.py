@@ -342,6 +342,7 @@ class RequestPipeline:
         for view in self._router.views(now):
             ttft_factor, tpot_factor = view.model.factors(now)  # as routing uses them now
             snap = self._router.snapshots[view.name]
+            channels = self._channels.open_to(view.name)
             out[view.name] = {
                 "replicas": view.replicas,
                 "waiting": view.waiting,
@@ -364,6 +365,8 @@ class RequestPipeline:
                         "node_id": p.node_id,
                         "node_ip": p.node_ip,
                         "gpu_ids": list(p.gpu_ids),
+                        # this ingress's stream channel to it is open (engine/channel.py)
+                        "stream_channel": rid in channels,
                     }
                     for rid, p in snap.placements
                 ],

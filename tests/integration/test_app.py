@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from typing import Any
 
 import httpx
@@ -131,6 +133,38 @@ def test_stream_deltas_equal_the_non_streamed_text(app_server: AppServer) -> Non
     chunks = events[:-3]
     assert "".join(e["choices"][0]["text"] for e in chunks) == full["choices"][0]["text"]
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_concurrent_streams_share_the_ingress_channel_each_whole(app_server: AppServer) -> None:
+    with app_server.client() as c:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            placements = [p for pool in c.get("/pools").json().values() for p in pool["placement"]]
+            if placements and all(p["stream_channel"] for p in placements):
+                break
+            time.sleep(0.2)
+        assert placements and all(p["stream_channel"] for p in placements), placements
+    base = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 32, "ignore_eos": True}
+    requests = [{**base, "temperature": 0.9, "seed": seed} for seed in range(6)]
+
+    async def streamed(c: httpx.AsyncClient, request: dict[str, Any]) -> str:
+        text = ""
+        async with c.stream("POST", "/v1/completions", json={**request, "stream": True}) as r:
+            assert r.status_code == 200
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    text += json.loads(line[6:])["choices"][0]["text"]
+        return text
+
+    async def both() -> tuple[list[str], list[str]]:
+        async with httpx.AsyncClient(base_url=app_server.url, timeout=120) as c:
+            whole = [(await c.post("/v1/completions", json=r)).json() for r in requests]
+            texts = await asyncio.gather(*(streamed(c, r) for r in requests))
+        return [w["choices"][0]["text"] for w in whole], list(texts)
+
+    whole, texts = asyncio.run(both())
+    assert texts == whole
+    assert len(set(texts)) > 1  # different seeds: the streams did not get each other's text
 
 
 def test_every_response_says_where_its_first_token_went(app_server: AppServer) -> None:
