@@ -49,6 +49,7 @@ class ChannelStream:
         self._key = key
         self._own = own
         self._streams = streams if streams is not None else {}
+        self._carried = streams is not None
         self._queue: asyncio.Queue[Item] = asyncio.Queue()
         self._done = False
         self._own_chunks = 0
@@ -59,6 +60,8 @@ class ChannelStream:
 
     def deliver(self, chunk: StreamChunk | None) -> None:
         self._queue.put_nowait(chunk)
+        if chunk is None:  # nothing more will come for it: free its key now, read or not
+            self._release()
 
     async def _watch(self) -> None:
         try:
@@ -69,8 +72,11 @@ class ChannelStream:
             raise
         except BaseException as e:
             self._queue.put_nowait(e)
+            self._release()
         else:
             self._queue.put_nowait(ENDED)
+            if self._own_chunks:  # its own call carried it: no channel will bring more
+                self._release()
 
     def __aiter__(self) -> ChannelStream:
         return self
@@ -92,13 +98,16 @@ class ChannelStream:
             if item is None:  # a channel brought the end
                 break
             self._own_ended = True
-            if self._own_chunks or self._streams.get(self._key) is not self:
+            if self._own_chunks or not self._carried:
                 break  # no channel carried it: that was all
         self._finish()
         raise StopAsyncIteration
 
     def _finish(self) -> None:
         self._done = True
+        self._release()
+
+    def _release(self) -> None:
         if self._streams.get(self._key) is self:
             del self._streams[self._key]
 

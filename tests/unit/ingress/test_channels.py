@@ -114,6 +114,22 @@ async def test_a_second_stream_with_the_same_id_goes_on_its_own_call() -> None:
     assert handle.messages["generate"] == 10  # the second's chunks only
 
 
+async def test_a_stream_read_only_to_its_last_token_leaves_nothing_behind() -> None:
+    # as a non-streamed response reads it: up to the chunk with the finish reason, then closed
+    for opened in (True, False):  # its chunks on the channel, or on its own call
+        channels, handle, _ = await make()
+        if opened:
+            await open_channel(channels)
+        stream = dispatch(channels, handle, "whole", 5)
+        while (await anext(stream)).finish_reason is None:
+            pass
+        for _ in range(100):
+            if not channels._streams:
+                break
+            await asyncio.sleep(0.01)
+        assert not channels._streams, opened
+
+
 async def test_a_cancelled_stream_is_aborted_in_the_engine() -> None:
     channels, handle, engine = await make()
     await open_channel(channels)
