@@ -24,6 +24,7 @@ from serve_app.engine.protocol import StreamChunk
 
 logger = logging.getLogger("ray.serve")
 
+HELLO_TIMEOUT_S = 10.0
 RETRY_S = 1.0  # after a failed or refused channel call, wait this long before the next one
 # Own call ended before the last chunk: the channel's message with it is still on its way.
 IN_FLIGHT_S = 5.0
@@ -162,7 +163,8 @@ class IngressChannels:
     async def _open_one(self, pool: str) -> None:
         stream = self._pools[pool].channel.remote(self._ingress_id)
         try:
-            hello = cast(ChannelHello, await anext(stream))
+            # a replica at its max_ongoing_requests leaves the call queued: give up, try again
+            hello = cast(ChannelHello, await asyncio.wait_for(anext(stream), HELLO_TIMEOUT_S))
         except Exception as e:
             logger.warning("pool %s: stream channel failed to open: %r", pool, e)
             stream.cancel()
