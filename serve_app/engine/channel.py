@@ -22,6 +22,11 @@ from dataclasses import dataclass
 
 from serve_app.engine.protocol import StreamChunk
 
+# A channel no stream has used for this long ends (the ingress opens another when it next
+# dispatches): a replica Serve is draining gets no new streams, so its channels end and do not
+# hold up its shutdown as calls in flight.
+IDLE_S = 2.0
+
 # (request id, chunk or None: that stream's end), in the order they were produced
 Batch = list[tuple[str, StreamChunk | None]]
 
@@ -41,19 +46,26 @@ class ChannelHello:
 class Channel:
     """The chunks waiting to go to one ingress."""
 
-    def __init__(self) -> None:
+    def __init__(self, idle_s: float = IDLE_S) -> None:
         self._pending: Batch = []
         self._ready = asyncio.Event()
+        self._idle_s = idle_s
         self.open = True
+        self.streams = 0  # streams sending on it now
 
     def put(self, request_id: str, chunk: StreamChunk | None) -> None:
         self._pending.append((request_id, chunk))
         self._ready.set()
 
     async def batches(self) -> AsyncIterator[Batch]:
-        """Everything put since the last batch, once there is something."""
+        """Everything put since the last batch, once there is something; ends once idle."""
         while True:
-            await self._ready.wait()
+            try:
+                await asyncio.wait_for(self._ready.wait(), self._idle_s)
+            except TimeoutError:
+                if self.streams == 0 and not self._pending:
+                    return
+                continue
             # One turn of the loop: the other streams woken by the same engine step add theirs.
             await asyncio.sleep(0)
             self._ready.clear()
@@ -64,20 +76,25 @@ class Channel:
 class Channels:
     """A replica's open channels, by ingress id."""
 
-    def __init__(self, replica_id: str) -> None:
+    def __init__(self, replica_id: str, idle_s: float = IDLE_S) -> None:
         self._replica_id = replica_id
+        self._idle_s = idle_s
         self._open: dict[str, Channel] = {}
 
-    def get(self, ingress_id: str) -> Channel | None:
+    def acquire(self, ingress_id: str) -> Channel | None:
+        """The open channel to `ingress_id` for one more stream (`release` it when done)."""
         channel = self._open.get(ingress_id) if ingress_id else None
-        return channel if channel is not None and channel.open else None
+        if channel is None or not channel.open:
+            return None
+        channel.streams += 1
+        return channel
 
     async def serve(self, ingress_id: str) -> AsyncIterator[ChannelHello | Batch]:
         """A channel's messages: the hello, then batches until the ingress closes it."""
         if ingress_id in self._open:
             yield ChannelHello(self._replica_id, accepted=False)
             return
-        channel = self._open[ingress_id] = Channel()
+        channel = self._open[ingress_id] = Channel(self._idle_s)
         try:
             yield ChannelHello(self._replica_id, accepted=True)
             async for batch in channel.batches():

@@ -121,7 +121,7 @@ class EngineReplica:
         prompt_tokens = request.prompt_tokens
         self._arrivals.add()
         self._prefill.queued(prompt_tokens)
-        channel = self._channels.get(request.channel)
+        channel = self._channels.acquire(request.channel)
         try:
             async for chunk in self._engine.generate(request):
                 if first_at is None and chunk.num_tokens:
@@ -145,6 +145,8 @@ class EngineReplica:
                 channel.put(request.request_id, None)  # the stream's end
         finally:
             self._streams -= 1
+            if channel is not None:
+                channel.streams -= 1
             if first_at is None:
                 self._prefill.dropped(prompt_tokens)
         if first_at is not None and last is not None and last.completion_tokens > 1:

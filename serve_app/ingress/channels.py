@@ -1,8 +1,9 @@
 """The ingress's end of the stream channels (engine/channel.py): one per pool replica.
 
-The ingress keeps a channel open to every replica the board lists for a pool whose profile asks
-for them (`pool.stream_channel`). Serve routes a channel call like any other, so the ingress
-cannot name the replica: it opens one call at a time per pool until every listed replica has
+When it dispatches a request, the ingress opens channels to the replicas the board lists for the
+pool that lack one, if the pool's profile asks for them (`pool.stream_channel`); a replica ends a
+channel no stream has used for engine/channel.IDLE_S. Serve routes a channel call like any
+other, so the ingress cannot name the replica: it opens one call at a time per pool until every listed replica has
 answered with an accepted hello (a replica it already reaches answers "not accepted" and the
 call ends). A request dispatched meanwhile, or to a replica the ingress has no channel to yet,
 gets its chunks on its own call, as without channels.
@@ -174,7 +175,7 @@ class IngressChannels:
             await asyncio.sleep(RETRY_S / 10)
             return
         self._open[pool].add(hello.replica_id)
-        logger.info("pool %s: stream channel to replica %s open", pool, hello.replica_id)
+        logger.debug("pool %s: stream channel to replica %s open", pool, hello.replica_id)
         reader = asyncio.get_running_loop().create_task(self._read(pool, hello.replica_id, stream))
         self._readers.add(reader)
         reader.add_done_callback(self._readers.discard)

@@ -296,8 +296,6 @@ class RequestPipeline:
             self._board.refused.remote(refused)
         snapshot = await asyncio.wait_for(self._board.snapshot.remote(), BOARD_TIMEOUT_S)
         self._router.update(snapshot)
-        for pool, snap in snapshot.items():
-            self._channels.want(pool, (replica_id for replica_id, _ in snap.placements))
 
     async def _refresh_forever(self) -> None:
         while True:
@@ -584,6 +582,9 @@ class RequestPipeline:
         for attempt in range(2):
             routed = await self._route(call, prompt_tokens, request)
             routed.truncated = truncated
+            snap = self._router.snapshots.get(routed.pool)
+            if snap is not None:  # channels are opened when there are streams to carry
+                self._channels.want(routed.pool, (rid for rid, _ in snap.placements))
             carried = self._channels.may_carry(routed.request_id)
             gen = GenerationRequest(
                 request_id=routed.request_id,

@@ -14,12 +14,31 @@ async def test_an_ingress_gets_one_channel_per_replica() -> None:
     channels = Channels("replica-1")
     first = channels.serve("ingress-a")
     assert await anext(first) == ChannelHello("replica-1", accepted=True)
-    assert channels.get("ingress-a") is not None
+    assert channels.acquire("ingress-a") is not None
     again = [m async for m in channels.serve("ingress-a")]
     assert again == [ChannelHello("replica-1", accepted=False)]
-    assert channels.get("ingress-b") is None and channels.get("") is None
+    assert channels.acquire("ingress-b") is None and channels.acquire("") is None
     await first.aclose()  # the ingress closed it
-    assert channels.get("ingress-a") is None and len(channels) == 0
+    assert channels.acquire("ingress-a") is None and len(channels) == 0
+
+
+async def test_a_channel_ends_once_no_stream_has_used_it_for_a_while() -> None:
+    # so that a replica Serve drains (no new streams) is not kept up by its channels
+    channels = Channels("replica-1", idle_s=0.05)
+    messages = channels.serve("ingress-a")
+    await anext(messages)
+    channel = channels.acquire("ingress-a")
+    assert channel is not None
+    waiting = asyncio.ensure_future(anext(messages))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()  # a stream holds it
+    channel.streams -= 1
+    try:
+        await asyncio.wait_for(waiting, 1)
+        raise AssertionError("a batch from an idle channel")
+    except StopAsyncIteration:
+        pass
+    assert len(channels) == 0 and channels.acquire("ingress-a") is None
 
 
 async def test_what_streams_put_in_one_turn_leaves_as_one_batch() -> None:
