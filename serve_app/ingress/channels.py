@@ -3,10 +3,10 @@
 When it dispatches a request, the ingress opens channels to the replicas the board lists for the
 pool that lack one, if the pool's profile asks for them (`pool.stream_channel`); a replica ends a
 channel no stream has used for engine/channel.IDLE_S. Serve routes a channel call like any
-other, so the ingress cannot name the replica: it opens one call at a time per pool until every listed replica has
-answered with an accepted hello (a replica it already reaches answers "not accepted" and the
-call ends). A request dispatched meanwhile, or to a replica the ingress has no channel to yet,
-gets its chunks on its own call, as without channels.
+other, so the ingress cannot name the replica: it opens one call at a time per pool until
+every listed replica has answered with an accepted hello (a replica it already reaches
+answers "not accepted" and the call ends). A request dispatched meanwhile, or to a replica
+the ingress has no channel to yet, gets its chunks on its own call, as without channels.
 
 `ChannelStream` is what the pipeline iterates for one request either way: the chunks of its own
 call and those the channels bring for it, in the order they arrive, ending with its last chunk.

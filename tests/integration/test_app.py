@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import Any
 
 import httpx
@@ -136,35 +135,50 @@ def test_stream_deltas_equal_the_non_streamed_text(app_server: AppServer) -> Non
 
 
 def test_concurrent_streams_share_the_ingress_channel_each_whole(app_server: AppServer) -> None:
-    with app_server.client() as c:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            placements = [p for pool in c.get("/pools").json().values() for p in pool["placement"]]
-            if placements and all(p["stream_channel"] for p in placements):
-                break
-            time.sleep(0.2)
-        assert placements and all(p["stream_channel"] for p in placements), placements
+    pools = ["low-latency", "throughput"]
     base = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 32, "ignore_eos": True}
     requests = [{**base, "temperature": 0.9, "seed": seed} for seed in range(6)]
 
-    async def streamed(c: httpx.AsyncClient, request: dict[str, Any]) -> str:
+    def pinned(i: int) -> dict[str, str]:
+        return {"x-route-policy": f"single:{pools[i % 2]}"}
+
+    async def streamed(c: httpx.AsyncClient, i: int) -> str:
         text = ""
-        async with c.stream("POST", "/v1/completions", json={**request, "stream": True}) as r:
+        body = {**requests[i], "stream": True}
+        async with c.stream("POST", "/v1/completions", json=body, headers=pinned(i)) as r:
             assert r.status_code == 200
             async for line in r.aiter_lines():
                 if line.startswith("data: {"):
                     text += json.loads(line[6:])["choices"][0]["text"]
         return text
 
-    async def both() -> tuple[list[str], list[str]]:
-        async with httpx.AsyncClient(base_url=app_server.url, timeout=120) as c:
-            whole = [(await c.post("/v1/completions", json=r)).json() for r in requests]
-            texts = await asyncio.gather(*(streamed(c, r) for r in requests))
-        return [w["choices"][0]["text"] for w in whole], list(texts)
+    async def channelled(c: httpx.AsyncClient, done: asyncio.Event) -> set[str]:
+        seen: set[str] = set()
+        while not done.is_set():
+            for name, pool in (await c.get("/pools")).json().items():
+                if any(p["stream_channel"] for p in pool["placement"]):
+                    seen.add(name)
+            await asyncio.sleep(0.05)
+        return seen
 
-    whole, texts = asyncio.run(both())
+    async def run() -> tuple[list[str], list[str], set[str]]:
+        async with httpx.AsyncClient(base_url=app_server.url, timeout=120) as c:
+            whole = [
+                (await c.post("/v1/completions", json=r, headers=pinned(i))).json()
+                for i, r in enumerate(requests)
+            ]
+            done = asyncio.Event()
+            watch = asyncio.create_task(channelled(c, done))
+            # the non-streamed requests just opened each pool's channel (it stays while used)
+            texts = await asyncio.gather(*(streamed(c, i) for i in range(len(requests))))
+            done.set()
+            seen = await watch
+        return [w["choices"][0]["text"] for w in whole], list(texts), seen
+
+    whole, texts, seen = asyncio.run(run())
     assert texts == whole
     assert len(set(texts)) > 1  # different seeds: the streams did not get each other's text
+    assert seen == set(pools), seen  # each pool's streams had a channel to go on
 
 
 def test_every_response_says_where_its_first_token_went(app_server: AppServer) -> None:
