@@ -15,7 +15,6 @@ call and those the channels bring for it, in the order they arrive, ending with 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
@@ -198,5 +197,4 @@ class IngressChannels:
 
     def stop(self) -> None:
         for task in (*self._opening.values(), *self._readers):
-            with contextlib.suppress(Exception):
-                task.cancel()
+            task.cancel()
