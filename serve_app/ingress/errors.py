@@ -93,6 +93,15 @@ class PoolFull(ServiceUnavailable):
     """The pool's replicas and its queue are full (Serve's max_queued_requests)."""
 
 
+class ReplyLost(ServiceUnavailable):
+    """Serve's gRPC transport ended a pool call without the replica's accept/reject answer
+    (a stream closed with no initial metadata): the call is over and the replica is fine."""
+
+
+# How Ray Serve's replica_result says it: RuntimeError(f"Unexpected error ({code}): ...")
+_LOST_REPLY_PREFIX = "Unexpected error (StatusCode."
+
+
 class EngineFailure(ServeError):
     status_code = 500
     error_type = "internal_server_error"
@@ -148,4 +157,6 @@ def engine_error(e: BaseException) -> ServeError:
         return PoolFull("the pool is at capacity; retry shortly", code="pool_full", retry_after_s=1)
     if isinstance(e, EngineDeadError | RayActorError):
         return ServiceUnavailable("the engine replica serving this request failed", retry_after_s=1)
+    if type(e) is RuntimeError and str(e).startswith(_LOST_REPLY_PREFIX):
+        return ReplyLost("the engine replica's answer was lost on the way", retry_after_s=1)
     return EngineFailure("the engine failed to generate")

@@ -36,6 +36,7 @@ from serve_app.ingress.errors import (
     EngineFailure,
     ModelNotFound,
     PoolFull,
+    ReplyLost,
     ServeError,
     ServiceUnavailable,
     engine_error,
@@ -618,15 +619,16 @@ class RequestPipeline:
                     )
                 if attempt or not isinstance(err, ServiceUnavailable) or isinstance(err, PoolFull):
                     raise err from None
-                # The replica died (engine or actor) before any output: nothing reached the
-                # client, so route again without it.
+                # The replica died (engine or actor), or Serve lost its answer, before any
+                # output: nothing reached the client, so route again (without a dead replica).
                 logger.warning(
                     "request %s: pool %s replica failed before output (%s); routing again",
                     routed.request_id,
                     routed.pool,
                     type(e).__name__,
                 )
-                self._router.replica_failed(routed.pool, _failed_replica(e), time.time())
+                if not isinstance(err, ReplyLost):
+                    self._router.replica_failed(routed.pool, _failed_replica(e), time.time())
         if first.status != 200:  # vLLM's serving layer refused it: its status and body
             await chunks.aclose()
             self._count_refusal(first.status, request)

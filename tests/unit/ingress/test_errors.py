@@ -33,7 +33,7 @@ def test_engine_errors_map_each_kind_to_its_status() -> None:
     from ray.serve.exceptions import BackPressureError
 
     from serve_app.engine.protocol import EngineDeadError, EngineRequestError
-    from serve_app.ingress.errors import PoolFull, ServiceUnavailable, engine_error
+    from serve_app.ingress.errors import PoolFull, ReplyLost, ServiceUnavailable, engine_error
 
     assert engine_error(EngineRequestError("bad stop")).status_code == 400
     full = engine_error(BackPressureError(num_queued_requests=9, max_queued_requests=8))
@@ -42,6 +42,12 @@ def test_engine_errors_map_each_kind_to_its_status() -> None:
     assert isinstance(dead, ServiceUnavailable) and not isinstance(dead, PoolFull)
     assert engine_error(ActorDiedError()).status_code == 503
     assert engine_error(RuntimeError("boom")).status_code == 500
+    # Serve's gRPC stream closed without the replica's accept/reject answer: retriable, and
+    # not the replica's fault
+    lost = engine_error(RuntimeError("Unexpected error (StatusCode.OK): ."))
+    assert isinstance(lost, ReplyLost) and lost.status_code == 503
+    dead_alike = EngineDeadError("Unexpected error (StatusCode.OK)")
+    assert not isinstance(engine_error(dead_alike), ReplyLost)
     assert "boom" not in engine_error(RuntimeError("boom")).message  # no internals leak
 
 
