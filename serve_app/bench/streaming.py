@@ -27,6 +27,7 @@ import asyncio
 import json
 import math
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -88,6 +89,32 @@ def cpu_seconds(root: int) -> dict[str, float]:
         role = _role(p, root)
         totals[role] = totals.get(role, 0.0) + t.user + t.system
     return totals
+
+
+PROFILED_ROLES = ("pool replica", "ingress")
+
+
+def start_py_spy(root: int, seconds: float, out: Path, tag: str) -> list[subprocess.Popen[bytes]]:
+    """py-spy sampling the app's pool replicas and ingress replicas for `seconds` (collapsed
+    stacks, one file per process: `py-spy-<role>-<pid>-<tag>.txt`); needs `py-spy` on PATH or
+    $PY_SPY."""
+    exe = os.environ.get("PY_SPY") or shutil.which("py-spy")
+    if exe is None:
+        raise SystemExit("--py-spy needs py-spy (on PATH, or $PY_SPY naming it)")
+    try:
+        procs = psutil.Process(root).children(recursive=True)
+    except psutil.Error:
+        return []
+    started = []
+    for proc in procs:
+        role = _role(proc, root)
+        if role not in PROFILED_ROLES:
+            continue
+        path = out / f"py-spy-{role.replace(' ', '-')}-{proc.pid}-{tag}.txt"
+        cmd = [exe, "record", "--nonblocking", "--format", "raw", "--rate", "200"]
+        cmd += ["--duration", str(int(seconds)), "--pid", str(proc.pid), "--output", str(path)]
+        started.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
+    return started
 
 
 def bench_once(
@@ -392,6 +419,14 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         help="for the bare engine, when it shares a GPU with a server",
     )
+    parser.add_argument(
+        "--py-spy",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="sample the app's pool and ingress replicas with py-spy for this long at the start "
+        "of its first run at each concurrency (collapsed stacks beside the results)",
+    )
     parser.add_argument("--ports", default="18001,18002,18265,18080")
     parser.add_argument("--out", type=Path, default=Path("docs/results/streaming/latest"))
     parser.add_argument("--replot", type=Path, help="only redraw DIR/streaming.png from its JSON")
@@ -440,7 +475,12 @@ def main(argv: list[str] | None = None) -> int:
             for rep in range(args.repeats):
                 shift = rep % len(targets)  # each target goes first in turn
                 for server in targets[shift:] + targets[:shift]:
+                    spies = []
+                    if args.py_spy and server.name == "app" and rep == 0:
+                        spies = start_py_spy(server.proc.pid, args.py_spy, args.out, f"c{conc}")
                     row = bench_once(server, model, tokenizer, args, conc, args.out, cells[conc])
+                    for spy in spies:
+                        spy.wait(timeout=args.py_spy + 60)
                     rows.append({"target": server.name, "concurrency": conc, "repeat": rep, **row})
                     cpu = ", ".join(f"{k} {v:.2f}" for k, v in row["cpu_cores_by_role"].items())
                     print(
