@@ -96,8 +96,8 @@ PROFILED_ROLES = ("pool replica", "ingress")
 
 def start_py_spy(root: int, seconds: float, out: Path, tag: str) -> list[subprocess.Popen[bytes]]:
     """py-spy sampling the app's pool replicas and ingress replicas for `seconds` (collapsed
-    stacks, one file per process: `py-spy-<role>-<pid>-<tag>.txt`); needs `py-spy` on PATH or
-    $PY_SPY."""
+    stacks, one file per process: `py-spy-<role>-<pid>-<tag>.txt`, its log beside it); needs
+    `py-spy` on PATH or $PY_SPY."""
     exe = os.environ.get("PY_SPY") or shutil.which("py-spy")
     if exe is None:
         raise SystemExit("--py-spy needs py-spy (on PATH, or $PY_SPY naming it)")
@@ -111,9 +111,12 @@ def start_py_spy(root: int, seconds: float, out: Path, tag: str) -> list[subproc
         if role not in PROFILED_ROLES:
             continue
         path = out / f"py-spy-{role.replace(' ', '-')}-{proc.pid}-{tag}.txt"
-        cmd = [exe, "record", "--nonblocking", "--format", "raw", "--rate", "200"]
-        cmd += ["--duration", str(int(seconds)), "--pid", str(proc.pid), "--output", str(path)]
-        started.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
+        # Each sample pauses the process (--nonblocking reads of a busy replica mostly fail);
+        # at 100 per second that costs the run a few percent.
+        cmd = [exe, "record", "--format", "raw", "--rate", "100", "--duration", str(int(seconds))]
+        cmd += ["--pid", str(proc.pid), "--output", str(path)]
+        with path.with_suffix(".log").open("wb") as log:
+            started.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
     return started
 
 
