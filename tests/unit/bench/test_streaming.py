@@ -89,3 +89,47 @@ def test_runs_sized_on_the_command_line_need_no_pilots(monkeypatch) -> None:
     assert streaming.cell_prompts([], "m", "t", args, conc=64) == 900
     assert streaming.cell_prompts([], "m", "t", args, conc=256) == 1024  # at least 4 x conc
     assert streaming._conc_counts("64=900,256=100") == {64: 900, 256: 100}
+
+
+def test_py_spy_samples_the_pool_and_ingress_replicas_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+    import subprocess
+    import time
+
+    import psutil
+
+    fake = tmp_path / "py-spy"
+    fake.write_text('#!/bin/sh\necho "$@"\n')  # its log then holds the arguments it was given
+    fake.chmod(0o755)
+    monkeypatch.setenv("PY_SPY", str(fake))
+    titles = ("ServeReplica:llm:pool-low-latency", "ServeReplica:llm:Ingress", "raylet")
+    procs = [subprocess.Popen(["bash", "-c", f"exec -a '{t}' sleep 30"]) for t in titles]
+    try:
+        for _ in range(100):  # until each has exec'd under its title
+            seen = [" ".join(psutil.Process(p.pid).cmdline()) for p in procs]
+            if all(title in cmd for title, cmd in zip(titles, seen, strict=True)):
+                break
+            time.sleep(0.05)
+        spies = streaming.start_py_spy(os.getpid(), 5, tmp_path, "c64")
+        for spy in spies:
+            spy.wait(timeout=10)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    pool, ingress = procs[0].pid, procs[1].pid
+    logs = sorted(p.name for p in tmp_path.glob("py-spy-*.log"))
+    assert logs == [f"py-spy-ingress-{ingress}-c64.log", f"py-spy-pool-replica-{pool}-c64.log"]
+    args = (tmp_path / f"py-spy-pool-replica-{pool}-c64.log").read_text().split()
+    assert args[args.index("--pid") + 1] == str(pool)
+    assert args[args.index("--duration") + 1] == "5"
+    assert args[args.index("--output") + 1] == str(tmp_path / f"py-spy-pool-replica-{pool}-c64.txt")
+
+
+def test_py_spy_must_be_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PY_SPY", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(SystemExit, match="py-spy"):
+        streaming.start_py_spy(1, 5, tmp_path, "c1")
