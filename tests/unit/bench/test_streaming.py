@@ -95,6 +95,7 @@ def test_py_spy_samples_the_pool_and_ingress_replicas_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import os
+    import signal
     import subprocess
     import time
 
@@ -105,21 +106,24 @@ def test_py_spy_samples_the_pool_and_ingress_replicas_only(
     fake.chmod(0o755)
     monkeypatch.setenv("PY_SPY", str(fake))
     titles = ("ServeReplica:llm:pool-low-latency", "ServeReplica:llm:Ingress", "raylet")
-    procs = [subprocess.Popen(["bash", "-c", f"exec -a '{t}' sleep 30"]) for t in titles]
+    # A tree of its own (this process may have other children, e.g. Ray's workers): a shell
+    # whose three children run under those titles, as the app's processes would.
+    script = " ".join(f"(exec -a '{t}' sleep 30) &" for t in titles) + " wait"
+    root = subprocess.Popen(["bash", "-c", script], start_new_session=True)
     try:
-        for _ in range(100):  # until each has exec'd under its title
-            seen = [" ".join(psutil.Process(p.pid).cmdline()) for p in procs]
-            if all(title in cmd for title, cmd in zip(titles, seen, strict=True)):
+        for _ in range(100):  # until each child has exec'd under its title
+            children = psutil.Process(root.pid).children()
+            by_title = {" ".join(c.cmdline()): c.pid for c in children}
+            if all(any(t in cmd for cmd in by_title) for t in titles):
                 break
             time.sleep(0.05)
-        spies = streaming.start_py_spy(os.getpid(), 5, tmp_path, "c64")
+        pool, ingress = (next(pid for cmd, pid in by_title.items() if t in cmd) for t in titles[:2])
+        spies = streaming.start_py_spy(root.pid, 5, tmp_path, "c64")
         for spy in spies:
             spy.wait(timeout=10)
     finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-    pool, ingress = procs[0].pid, procs[1].pid
+        os.killpg(root.pid, signal.SIGKILL)
+        root.wait()
     logs = sorted(p.name for p in tmp_path.glob("py-spy-*.log"))
     assert logs == [f"py-spy-ingress-{ingress}-c64.log", f"py-spy-pool-replica-{pool}-c64.log"]
     args = (tmp_path / f"py-spy-pool-replica-{pool}-c64.log").read_text().split()
