@@ -73,20 +73,25 @@ def _role(proc: psutil.Process, root: int) -> str:
     return next((role for key, role in ROLES if key in title), "other")
 
 
-def cpu_seconds(root: int) -> dict[str, float]:
-    """CPU seconds (user + system) used so far by each role of the process tree under root."""
-    totals: dict[str, float] = {}
+def _tree(root: int) -> list[tuple[psutil.Process, str]]:
+    """The process tree under root (root included), each with its role; empty once root is
+    gone."""
     try:
         top = psutil.Process(root)
         procs = [top, *top.children(recursive=True)]
     except psutil.Error:
-        return totals
-    for p in procs:
+        return []
+    return [(p, _role(p, root)) for p in procs]
+
+
+def cpu_seconds(root: int) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by each role of the process tree under root."""
+    totals: dict[str, float] = {}
+    for p, role in _tree(root):
         try:
             t = p.cpu_times()
         except psutil.Error:
             continue
-        role = _role(p, root)
         totals[role] = totals.get(role, 0.0) + t.user + t.system
     return totals
 
@@ -101,13 +106,8 @@ def start_py_spy(root: int, seconds: float, out: Path, tag: str) -> list[subproc
     exe = os.environ.get("PY_SPY") or shutil.which("py-spy")
     if exe is None:
         raise SystemExit("--py-spy needs py-spy (on PATH, or $PY_SPY naming it)")
-    try:
-        procs = psutil.Process(root).children(recursive=True)
-    except psutil.Error:
-        return []
     started = []
-    for proc in procs:
-        role = _role(proc, root)
+    for proc, role in _tree(root):
         if role not in PROFILED_ROLES:
             continue
         path = out / f"py-spy-{role.replace(' ', '-')}-{proc.pid}-{tag}.txt"
