@@ -204,7 +204,8 @@ async def sweep(
         requests = max(1, math.ceil(rate * args.window_s))
         offered = workload.model_copy(
             update={
-                "arrival": Arrival(kind="poisson", rate=rate),
+                # exactly `requests` arrivals in the window: every repeat offers the same rate
+                "arrival": Arrival(kind="poisson", rate=rate, window_s=args.window_s),
                 "requests": requests,
                 "duration_s": args.window_s + args.drain_s,
             }

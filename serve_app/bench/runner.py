@@ -48,10 +48,13 @@ class RunResult:
 
     @property
     def arrival_window_s(self) -> float:
-        """The time over which requests were offered: the last arrival of an open loop (a
-        queue drained after it is not offered load), the whole run of a closed one."""
+        """The time over which requests were offered: the window of windowed arrivals, the
+        last arrival of other open loops (a queue drained after it is not offered load), the
+        whole run of a closed one."""
         if self.workload.arrival.kind == "closed":
             return self.wall_s
+        if self.workload.arrival.window_s is not None:
+            return self.workload.arrival.window_s
         last = self.last_arrival_s
         if last is None:
             last = expand(self.workload)[-1].arrival_s

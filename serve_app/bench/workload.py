@@ -62,6 +62,15 @@ class Arrival(BaseModel):
     kind: Literal["poisson", "constant", "closed"] = "closed"
     rate: float | None = Field(None, gt=0)
     concurrency: int | None = Field(None, ge=1)
+    window_s: float | None = Field(
+        None,
+        gt=0,
+        description="Poisson only: offer the workload's requests within this window, as a "
+        "Poisson process conditioned on that many arrivals in it (sorted uniform times). Every "
+        "draw then offers exactly requests / window_s req/s; with exponential gaps alone the "
+        "last of N arrivals at rate r falls around N / r, its standard deviation 1 / √N of that "
+        "(8 % at N = 160).",
+    )
 
     @model_validator(mode="after")
     def _complete(self) -> Arrival:
@@ -69,6 +78,8 @@ class Arrival(BaseModel):
             raise ValueError("a closed loop needs concurrency")
         if self.kind != "closed" and self.rate is None:
             raise ValueError(f"{self.kind} arrivals need rate")
+        if self.window_s is not None and self.kind != "poisson":
+            raise ValueError("window_s is for poisson arrivals")
         return self
 
 
@@ -138,6 +149,10 @@ def expand(workload: Workload, vocab_size: int = 4000) -> list[RequestSpec]:
     classes = list(workload.slo_mix)
     weights = [workload.slo_mix[c] for c in classes]
     at = 0.0
+    window = workload.arrival.window_s
+    if window is not None:
+        arrivals = random.Random(f"{workload.seed}/arrivals")
+        times = sorted(arrivals.uniform(0, window) for _ in range(workload.requests))
     specs = []
     for i in range(workload.requests):
         shape = None
@@ -146,7 +161,9 @@ def expand(workload: Workload, vocab_size: int = 4000) -> list[RequestSpec]:
             shape = workload.class_shapes.get(slo_class)
         n = (shape.prompt_tokens if shape else workload.prompt_tokens).draw(rng)
         prompt = [content.randrange(5, vocab_size) for _ in range(n)]
-        if workload.arrival.kind == "poisson":
+        if window is not None:
+            at = times[i]
+        elif workload.arrival.kind == "poisson":
             assert workload.arrival.rate is not None
             at += rng.expovariate(workload.arrival.rate)
         elif workload.arrival.kind == "constant":

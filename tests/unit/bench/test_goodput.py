@@ -55,6 +55,16 @@ def test_goodput_counts_met_requests_per_second_of_arrivals_not_of_the_drain() -
     assert row["machine"] == "test machine" and row["rate"] == 10
 
 
+def test_goodput_of_windowed_arrivals_is_per_second_of_the_whole_window() -> None:
+    windowed = WORKLOAD.with_arrival(Arrival(kind="poisson", rate=4, window_s=10))
+    specs = expand(windowed)
+    samples = [sample(s.index, s.slo_class, 50.0) for s in specs]
+    run = RunResult("app@slo", windowed, samples, 100.0, None, specs[-1].arrival_s)
+    row = record(run, "slo", 1.0, 0, "m")
+    assert specs[-1].arrival_s < 10
+    assert row["window_s"] == 10 and row["goodput_req_s"] == 40 / 10
+
+
 def test_attainment_per_class_uses_each_class_target() -> None:
     samples = [sample(0, "interactive", 150.0), sample(1, "standard", 150.0)]
     row = record(result(samples), "slo", 1.0, 0, "m")

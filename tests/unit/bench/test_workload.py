@@ -1,3 +1,5 @@
+import itertools
+import statistics
 from pathlib import Path
 
 import pytest
@@ -47,6 +49,37 @@ def test_poisson_arrivals_are_increasing_at_about_the_rate() -> None:
     offsets = [s.arrival_s for s in expand(workload)]
     assert offsets == sorted(offsets)
     assert 180 < offsets[-1] < 220  # 2000 requests at 10/s
+
+
+def test_windowed_poisson_arrivals_offer_every_request_within_the_window() -> None:
+    def workload(seed: int, window_s: float | None) -> Workload:
+        return Workload(
+            name="w",
+            arrival=Arrival(kind="poisson", rate=5, window_s=window_s),
+            prompt_tokens=Lengths(kind="uniform", min=1, max=50),
+            output_tokens=Lengths(value=10),
+            slo_mix={"interactive": 0.7, "standard": 0.3},
+            requests=150,
+            seed=seed,
+        )
+
+    lasts = []
+    for seed in range(20):
+        windowed = expand(workload(seed, 30.0))
+        offsets = [s.arrival_s for s in windowed]
+        assert offsets == sorted(offsets) and offsets[0] >= 0 and offsets[-1] < 30
+        assert offsets[-1] > 28  # 150 uniform draws: the last within 2 s of the end
+        plain = expand(workload(seed, None))
+        lasts.append(plain[-1].arrival_s)
+    assert max(lasts) - min(lasts) > 3  # exponential gaps alone: the window varies by draw
+    # bursts as in a Poisson process: gaps as variable as exponential ones (coefficient ~1)
+    gaps = [b - a for a, b in itertools.pairwise(offsets)]
+    assert 0.7 < statistics.stdev(gaps) / statistics.mean(gaps) < 1.3
+
+
+def test_window_s_is_for_poisson_arrivals_only() -> None:
+    with pytest.raises(ValueError, match="window_s"):
+        Arrival(kind="constant", rate=1, window_s=10)
 
 
 @pytest.mark.parametrize(
