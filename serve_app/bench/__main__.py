@@ -1,6 +1,6 @@
 """`python -m serve_app.bench` (or `serve-app-bench`): run, compare.
 
-    run      --workload W --target T [--concurrency 1,16] [--out DIR]
+    run      --workload W --target T [--concurrency 1,16] [--requests 16=480] [--out DIR]
     compare  --workload W --target BASE --target OTHER ... [--concurrency 1,16] [--repeats 2]
 
 Targets: engine:<profile> | app:<url> | url:<url>. Every run is bounded by the workload's
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from serve_app.bench import stages
 from serve_app.bench.report import markdown_table, ratio_table, write_outputs
-from serve_app.bench.runner import run_targets, workloads_for
+from serve_app.bench.runner import conc_counts, run_targets, workloads_for
 from serve_app.bench.targets import make_target
 from serve_app.bench.workload import load_workload
 
@@ -30,6 +30,12 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--target", action="append", required=True)
         p.add_argument("--concurrency", help="comma-separated closed-loop concurrencies")
         p.add_argument("--rate", help="comma-separated Poisson rates (req/s), instead")
+        p.add_argument(
+            "--requests",
+            type=conc_counts,
+            default={},
+            help="CONC=N,...: requests per run at these concurrencies (the workload's elsewhere)",
+        )
         p.add_argument("--repeats", type=int, default=1)
         p.add_argument("--out", type=Path)
         p.add_argument("--name", default=None, help="output file stem")
@@ -37,7 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     workload = load_workload(args.workload)
     targets = [make_target(t) for t in args.target]
     rows = asyncio.run(
-        run_targets(targets, workloads_for(workload, args.concurrency, args.rate), args.repeats)
+        run_targets(
+            targets,
+            workloads_for(workload, args.concurrency, args.rate, args.requests),
+            args.repeats,
+        )
     )
     table = markdown_table(rows)
     ratios = ratio_table(rows, targets[0].name) if args.command == "compare" else ""

@@ -186,14 +186,30 @@ def summarize(result: RunResult) -> dict[str, Any]:
     }
 
 
-def workloads_for(base: Workload, concurrency: str | None, rate: str | None) -> list[Workload]:
+def conc_counts(text: str) -> dict[int, int]:
+    """'64=960,256=2300' -> {64: 960, 256: 2300}."""
+    pairs = (item.split("=", 1) for item in text.split(",") if item)
+    return {int(conc): int(count) for conc, count in pairs}
+
+
+def workloads_for(
+    base: Workload,
+    concurrency: str | None,
+    rate: str | None,
+    requests: dict[int, int] | None = None,
+) -> list[Workload]:
+    """The base workload per rate or per concurrency; `requests` sets a concurrency's request
+    count (e.g. enough to keep 256 users busy), the base's count elsewhere."""
     if rate:
         poisson = [Arrival(kind="poisson", rate=float(r)) for r in rate.split(",")]
         return [base.with_arrival(arrival) for arrival in poisson]
     if not concurrency:
         return [base]
+    counts = requests or {}
     return [
-        base.with_arrival(Arrival(kind="closed", concurrency=int(c)))
+        base.with_arrival(Arrival(kind="closed", concurrency=int(c))).model_copy(
+            update={"requests": counts.get(int(c), base.requests)}
+        )
         for c in concurrency.split(",")
     ]
 

@@ -39,6 +39,7 @@ from typing import Any
 import psutil
 
 from serve_app.app import _served_name
+from serve_app.bench.runner import conc_counts
 from serve_app.bench.servers import Server, servers
 from serve_app.profiles import ResolvedProfile
 
@@ -332,12 +333,6 @@ def plot(summary: list[dict[str, Any]], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def _conc_counts(text: str) -> dict[int, int]:
-    """'64=960,256=2300' -> {64: 960, 256: 2300}."""
-    pairs = (item.split("=", 1) for item in text.split(",") if item)
-    return {int(conc): int(count) for conc, count in pairs}
-
-
 def _env_pairs(items: list[str]) -> dict[str, str]:
     return dict(item.split("=", 1) for item in items)
 
@@ -360,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--requests-per-run",
-        type=_conc_counts,
+        type=conc_counts,
         default={},
         help="CONC=N,...: requests per run at these concurrencies (at least 4 x CONC), instead "
         "of sizing them by pilot runs",

@@ -3,7 +3,7 @@ import time
 
 from serve_app.bench.memory import MemoryProbe
 from serve_app.bench.report import markdown_table, ratio_table
-from serve_app.bench.runner import run_workload, summarize
+from serve_app.bench.runner import conc_counts, run_workload, summarize, workloads_for
 from serve_app.bench.targets import Sample
 from serve_app.bench.workload import Arrival, Lengths, RequestSpec, Workload
 from serve_app.routing.config import SLOClass
@@ -88,3 +88,9 @@ def test_the_client_loop_lag_is_measured() -> None:
     assert busy.client_lag_ms["max"] is not None and busy.client_lag_ms["max"] >= 40
     assert summarize(busy)["client_loop_lag_ms"] == busy.client_lag_ms
     assert (idle.client_lag_ms["p50"] or 0) < 40
+
+
+def test_requests_per_concurrency_size_each_closed_loop() -> None:
+    runs = workloads_for(WORKLOAD, "1,16,256", None, conc_counts("256=2560,16=480"))
+    assert [(w.arrival.concurrency, w.requests) for w in runs] == [(1, 20), (16, 480), (256, 2560)]
+    assert [w.requests for w in workloads_for(WORKLOAD, "4", None)] == [20]

@@ -88,7 +88,7 @@ def test_runs_sized_on_the_command_line_need_no_pilots(monkeypatch) -> None:
     )
     assert streaming.cell_prompts([], "m", "t", args, conc=64) == 900
     assert streaming.cell_prompts([], "m", "t", args, conc=256) == 1024  # at least 4 x conc
-    assert streaming._conc_counts("64=900,256=100") == {64: 900, 256: 100}
+    assert streaming.conc_counts("64=900,256=100") == {64: 900, 256: 100}
 
 
 def test_py_spy_samples_the_pool_and_ingress_replicas_only(
