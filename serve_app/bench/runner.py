@@ -207,10 +207,10 @@ def workloads_for(
         return [base]
     counts = requests or {}
     return [
-        base.with_arrival(Arrival(kind="closed", concurrency=int(c))).model_copy(
-            update={"requests": counts.get(int(c), base.requests)}
+        base.with_arrival(Arrival(kind="closed", concurrency=c)).model_copy(
+            update={"requests": counts.get(c, base.requests)}
         )
-        for c in concurrency.split(",")
+        for c in map(int, concurrency.split(","))
     ]
 
 

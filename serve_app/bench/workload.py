@@ -150,6 +150,7 @@ def expand(workload: Workload, vocab_size: int = 4000) -> list[RequestSpec]:
     weights = [workload.slo_mix[c] for c in classes]
     at = 0.0
     window = workload.arrival.window_s
+    times = None  # windowed arrivals: every offset drawn up front, from a stream of their own
     if window is not None:
         arrivals = random.Random(f"{workload.seed}/arrivals")
         times = sorted(arrivals.uniform(0, window) for _ in range(workload.requests))
@@ -161,7 +162,7 @@ def expand(workload: Workload, vocab_size: int = 4000) -> list[RequestSpec]:
             shape = workload.class_shapes.get(slo_class)
         n = (shape.prompt_tokens if shape else workload.prompt_tokens).draw(rng)
         prompt = [content.randrange(5, vocab_size) for _ in range(n)]
-        if window is not None:
+        if times is not None:
             at = times[i]
         elif workload.arrival.kind == "poisson":
             assert workload.arrival.rate is not None
