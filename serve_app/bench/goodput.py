@@ -36,7 +36,7 @@ from serve_app.bench.report import save_figure
 from serve_app.bench.runner import RunResult, met_slo, run_workload
 from serve_app.bench.stats import percentiles
 from serve_app.bench.targets import HTTPTarget, Sample
-from serve_app.bench.workload import Arrival, Workload, load_workload
+from serve_app.bench.workload import Arrival, Workload, expand, load_workload
 
 REFUSED = (429, 503)
 ATTAINMENT_GOAL = 0.9  # DistServe's goodput rate: the highest rate at which this share meets
@@ -126,6 +126,39 @@ def record(
     }
 
 
+def request_rows(
+    result: RunResult, policy: str, multiple: float, repeat: int
+) -> list[dict[str, Any]]:
+    """One row per request of a run (`--samples`): what each request was offered and what it
+    got, to trace where a class's misses come from."""
+    arrivals = {spec.index: spec.arrival_s for spec in expand(result.workload)}
+    return [
+        {
+            "policy": policy,
+            "multiple": multiple,
+            "repeat": repeat,
+            "index": s.index,
+            "slo_class": s.slo_class,
+            "arrival_s": arrivals.get(s.index),
+            "prompt_tokens": s.prompt_tokens,
+            "status": s.status,
+            "error": s.error,
+            "pool": s.pool,
+            "route_reason": s.route_reason,
+            "met_slo": met_slo(s, result.workload),
+            "predicted_ttft_ms": s.predicted_ttft_ms,
+            "predicted_tpot_ms": s.predicted_tpot_ms,
+            "ttft_ms": s.ttft_ms,
+            "tpot_ms": s.tpot_ms,
+            "e2e_ms": s.e2e_ms,
+            "output_tokens": s.output_tokens,
+            "max_gap_ms": max(s.chunk_gaps_ms, default=None),
+            "stages": s.stages,
+        }
+        for s in sorted(result.samples, key=lambda s: s.index)
+    ]
+
+
 def _count(items: Any) -> dict[str, int]:
     out: dict[str, int] = defaultdict(int)
     for item in items:
@@ -198,6 +231,10 @@ async def sweep(
     policies = args.policies.split(",")
     records: list[dict[str, Any]] = []
     out_file = args.out / f"{args.name}.json" if args.out else None
+    rows_file = args.out / f"{args.name}.samples.jsonl" if args.out and args.samples else None
+    if rows_file is not None:
+        rows_file.parent.mkdir(parents=True, exist_ok=True)
+        rows_file.write_text("")
     runs = 0
     for multiple in multiples:
         rate = capacity * multiple
@@ -233,6 +270,10 @@ async def sweep(
                     await target.stop()
                 row = record(result, policy, multiple, repeat, args.machine)
                 records.append(row)
+                if rows_file is not None:
+                    with rows_file.open("a") as f:
+                        for r in request_rows(result, policy, multiple, repeat):
+                            f.write(json.dumps(r) + "\n")
                 key = row["by_class"].get(KEY_CLASS, {})
                 print(
                     f"{policy:>22} x{multiple:<4} rate={rate:7.2f} rep={repeat} "
@@ -497,6 +538,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--machine", required=True, help='the hardware, e.g. "two H200s, 32 cores"')
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--name", default="goodput")
+    parser.add_argument(
+        "--samples", action="store_true", help="also write one row per request: NAME.samples.jsonl"
+    )
     args = parser.parse_args(argv)
     workload = load_workload(args.workload)
     if args.interactive:

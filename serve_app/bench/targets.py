@@ -47,6 +47,8 @@ class Sample:
     status: int | None = None  # HTTP status (HTTP targets)
     pool: str | None = None  # x-serve-pool: the pool that served it (the app)
     predicted_ttft_ms: float | None = None  # x-route-predicted-ttft-ms (the app)
+    predicted_tpot_ms: float | None = None  # x-route-predicted-tpot-ms (the app)
+    route_reason: str | None = None  # x-route-reason (the app)
     stages: dict[str, float] | None = None  # the app's TTFT stages, ms (serve_app/timing.py)
 
     @property
@@ -193,6 +195,9 @@ class HTTPTarget:
                 sample.pool = r.headers.get("x-serve-pool")
                 if predicted := r.headers.get("x-route-predicted-ttft-ms"):
                     sample.predicted_ttft_ms = float(predicted)
+                if predicted := r.headers.get("x-route-predicted-tpot-ms"):
+                    sample.predicted_tpot_ms = float(predicted)
+                sample.route_reason = r.headers.get("x-route-reason")
                 if timing := r.headers.get(SERVER_TIMING_HEADER):
                     sample.stages = parse_server_timing(timing)
                 if r.status != 200:

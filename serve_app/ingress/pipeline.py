@@ -154,6 +154,7 @@ class Routed:
             "x-serve-pool": self.pool,
             "x-route-reason": self.reason,
             "x-route-predicted-ttft-ms": f"{self.predicted_ttft_ms:.1f}",
+            "x-route-predicted-tpot-ms": f"{self.predicted_tpot_ms:.1f}",
         }
         if self.stages is not None:
             headers[SERVER_TIMING_HEADER] = format_server_timing(self.stages)

@@ -17,4 +17,4 @@ trap 'kill -INT $APP; wait $APP || true' EXIT
 for i in $(seq 1 300); do curl -sf $URL/ready >/dev/null && break; sleep 1; done
 $PY -m serve_app.bench.goodput --url $URL --workload workloads/slo-mix.yaml --capacity "$CAPACITY" \
   --policies slo:best-fit,least-load --multiples 1 --repeats 3 --repeats-at "" \
-  --window-s 30 --drain-s 20 --machine "$MACHINE" --out "$OUT" --name "$NAME"
+  --window-s 30 --drain-s 20 --machine "$MACHINE" --out "$OUT" --name "$NAME" --samples

@@ -1,6 +1,6 @@
 """The goodput bench's arithmetic: arrival-window goodput, attainment, calibration, goals."""
 
-from serve_app.bench.goodput import calibration, goals, record, summarize
+from serve_app.bench.goodput import calibration, goals, record, request_rows, summarize
 from serve_app.bench.runner import RunResult
 from serve_app.bench.targets import Sample
 from serve_app.bench.workload import Arrival, Lengths, Workload, expand
@@ -63,6 +63,22 @@ def test_goodput_of_windowed_arrivals_is_per_second_of_the_whole_window() -> Non
     row = record(run, "slo", 1.0, 0, "m")
     assert specs[-1].arrival_s < 10
     assert row["window_s"] == 10 and row["goodput_req_s"] == 40 / 10
+
+
+def test_request_rows_give_each_request_its_arrival_and_what_it_got() -> None:
+    specs = expand(WORKLOAD)
+    samples = [
+        sample(s.index, s.slo_class, 50.0 if s.index else None, 200 if s.index else 429)
+        for s in reversed(specs)
+    ]
+    samples[0].chunk_gaps_ms = [3.0, 9.0, 4.0]
+    rows = request_rows(result(samples), "slo", 1.0, 2)
+    assert [r["index"] for r in rows] == [s.index for s in specs]  # in arrival order
+    assert [r["arrival_s"] for r in rows] == [s.arrival_s for s in specs]
+    refused, last = rows[0], rows[-1]
+    assert refused["status"] == 429 and not refused["met_slo"] and refused["pool"] is None
+    assert last["max_gap_ms"] == 9.0 and last["repeat"] == 2 and last["policy"] == "slo"
+    assert last["met_slo"] and last["ttft_ms"] == 50.0
 
 
 def test_attainment_per_class_uses_each_class_target() -> None:
