@@ -689,7 +689,7 @@ class RequestPipeline:
                         routed.pool, routed.prompt_tokens, routed.load, ttft_ms, None, None, path_ms
                     )
                 elif routed.decoding is not None:
-                    routed.decoding.tokens = chunk.completion_tokens
+                    routed.decoding.advance(chunk.completion_tokens, time.time())
                 last = chunk
                 yield chunk
         except Exception:

@@ -29,14 +29,18 @@ A request admitted to a pool also slows the requests already decoding there: its
 the prefill queued ahead of it) shares their engine steps, adding about its prefill time to
 each one's decode (chunked prefill spreads the work, not its cost). `Decoding` tracks one
 streaming request's *slack*: how much more delay its decode can take and still meet its TPOT
-target. A pool admits a request only while the prefill pending after it fits in the smallest
-slack of the requests decoding there that can still meet their target (routing/policy.py).
+target, the rest of its decode at its own pace when nothing stalls it (the median of its
+latest inter-chunk gaps: a stall it sat through is spent budget, not its pace). A pool admits
+a request only while the prefill pending after it fits in the smallest slack of the requests
+decoding there that can still meet their target (routing/policy.py).
 """
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from serve_app.routing.config import LatencyPrior
 
@@ -146,6 +150,9 @@ class LatencyModel:
         )
 
 
+_PACE_GAPS = 32  # the latest inter-chunk gaps a decode's pace is the median of
+
+
 @dataclass(slots=True, eq=False)  # one per request: kept in sets by identity
 class Decoding:
     """One streaming request with a TPOT target, from its first token (wall clock) on."""
@@ -155,20 +162,33 @@ class Decoding:
     predicted_tpot_ms: float  # what routing predicted, its pace until it has measured its own
     first_at: float  # time.time() of its first token
     tokens: int = 1  # completion tokens so far
+    last_at: float | None = None  # time.time() of its latest chunk (None: only the first)
+    # ms per token of each of its latest chunks after the first
+    gaps_ms: deque[float] = field(default_factory=lambda: deque(maxlen=_PACE_GAPS))
 
-    def pace_ms(self, now: float) -> float:
-        """Its time per output token so far (the prediction until a few tokens have come)."""
-        if self.tokens < 3:
+    def advance(self, tokens: int, now: float) -> None:
+        """A chunk came at `now`, bringing the completion to `tokens` tokens."""
+        new = tokens - self.tokens
+        if new <= 0:
+            return
+        self.gaps_ms.append((now - (self.last_at or self.first_at)) * 1e3 / new)
+        self.tokens, self.last_at = tokens, now
+
+    def pace_ms(self) -> float:
+        """Its time per output token when nothing stalls it: the median of its latest gaps (the
+        prediction until it has two). A prefill that stalled it once is one gap, not its pace,
+        so a request that sat through one stall still counts as one admission must protect."""
+        if len(self.gaps_ms) < 2:
             return self.predicted_tpot_ms
-        return max(0.0, now - self.first_at) * 1e3 / (self.tokens - 1)
+        return statistics.median(self.gaps_ms)
 
     def slack_ms(self, now: float) -> float:
-        """Delay its decode can still take and meet the target, at its pace so far (negative:
-        it will miss it anyway)."""
+        """Delay its decode can still take and meet the target, the rest of it at its pace
+        (negative: it will miss it anyway)."""
         remaining = max(0, self.max_tokens - self.tokens)
         elapsed_ms = max(0.0, now - self.first_at) * 1e3
         budget_ms = self.tpot_target_ms * max(1, self.max_tokens - 1)
-        return budget_ms - elapsed_ms - remaining * self.pace_ms(now)
+        return budget_ms - elapsed_ms - remaining * self.pace_ms()
 
 
 def decode_slack_ms(decoding: Iterable[Decoding], now: float) -> float | None:

@@ -111,7 +111,8 @@ def test_requests_decoding_with_a_tpot_target_set_the_pool_slack_until_they_end(
     r.dispatched("a", 10)
     r.first_token("a", 10, d)
     assert r.views(NOW)[0].decode_slack_ms == pytest.approx(400 - 10 * 20)
-    d.tokens = 6  # 5 tokens in 100 ms: 20 ms each, 5 to come
+    for i in range(2, 7):  # 5 tokens in 100 ms: 20 ms each, 5 to come
+        d.advance(i, NOW + 0.02 * (i - 1))
     assert r.views(NOW + 0.1)[0].decode_slack_ms == pytest.approx(400 - 100 - 5 * 20)
     r.finished("a", 10, got_first_token=True, decoding=d)
     assert r.views(NOW + 0.1)[0].decode_slack_ms is None
