@@ -159,6 +159,45 @@ def request_rows(
     ]
 
 
+STALL_BUCKETS = 3  # 0, 1, 2, 3 or more prefills of the same class during a decode
+
+
+def stall_trace(rows: list[dict[str, Any]]) -> str:
+    """From `--samples` rows: per run and class, how the admitted requests fared by how many
+    prefills of their own class (other requests' first tokens on the same pool) fell within
+    their decode, between their first token and their last. The prefills that stall a decode
+    are the ones admitted around it; this says how many a request could take within its SLO."""
+    runs: dict[tuple[str, float, int], list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        runs[(r["policy"], r["multiple"], r["repeat"])].append(r)
+    head = " | ".join(f"{n}{'+' if n == STALL_BUCKETS else ''}" for n in range(STALL_BUCKETS + 1))
+    lines = [
+        "Met / admitted, by prefills of the same class within the decode "
+        "(other requests' first tokens on its pool):",
+        "",
+        f"| policy | × capacity | repeat | class | {head} |",
+        "|---|---|---|---|" + "---|" * (STALL_BUCKETS + 1),
+    ]
+    for (policy, multiple, repeat), run in sorted(runs.items()):
+        timed = [r for r in run if r["ttft_ms"] is not None and r["e2e_ms"] is not None]
+        for cls in sorted({r["slo_class"] for r in timed}):
+            own = [r for r in timed if r["slo_class"] == cls]
+            firsts = [(r["pool"], r["arrival_s"] + r["ttft_ms"] / 1e3, r["index"]) for r in own]
+            met: dict[int, list[bool]] = defaultdict(list)
+            for r in own:
+                start = r["arrival_s"] + r["ttft_ms"] / 1e3
+                end = r["arrival_s"] + r["e2e_ms"] / 1e3
+                n = sum(
+                    1
+                    for pool, at, index in firsts
+                    if pool == r["pool"] and index != r["index"] and start < at < end
+                )
+                met[min(n, STALL_BUCKETS)].append(bool(r["met_slo"]))
+            cells = " | ".join(f"{sum(met[n])}/{len(met[n])}" for n in range(STALL_BUCKETS + 1))
+            lines.append(f"| {policy} | {multiple:g} | {repeat} | {cls} | {cells} |")
+    return "\n".join(lines) + "\n"
+
+
 def _count(items: Any) -> dict[str, int]:
     out: dict[str, int] = defaultdict(int)
     for item in items:
@@ -515,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--url", default="http://127.0.0.1:8000")
-    parser.add_argument("--workload", type=Path, required=True)
+    parser.add_argument("--workload", type=Path, help="the workload YAML (all but --trace)")
     parser.add_argument(
         "--report",
         type=Path,
@@ -535,13 +574,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--interactive", default=None, help="TTFT,TPOT ms for the interactive class (overrides)"
     )
-    parser.add_argument("--machine", required=True, help='the hardware, e.g. "two H200s, 32 cores"')
+    parser.add_argument("--machine", help='the hardware, e.g. "two H200s, 32 cores"')
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--name", default="goodput")
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        help="run nothing: from a NAME.samples.jsonl, how requests fared by the prefills of "
+        "their class within their decode",
+    )
     parser.add_argument(
         "--samples", action="store_true", help="also write one row per request: NAME.samples.jsonl"
     )
     args = parser.parse_args(argv)
+    if args.trace:
+        print(stall_trace([json.loads(line) for line in args.trace.read_text().splitlines()]))
+        return 0
+    if args.workload is None or (args.machine is None and not args.report):
+        parser.error("--workload and --machine are required")
     workload = load_workload(args.workload)
     if args.interactive:
         ttft, tpot = (float(v) for v in args.interactive.split(","))
@@ -561,7 +611,8 @@ def main(argv: list[str] | None = None) -> int:
             json.dumps({"probe": probe, "records": records}, indent=1) + "\n"
         )
         (args.out / f"{args.name}.md").write_text(report)
-        plot(records, args.out / f"{args.name}.png", f"{workload.name} on {args.machine}")
+        machine = args.machine or ", ".join(sorted({str(r["machine"]) for r in records}))
+        plot(records, args.out / f"{args.name}.png", f"{workload.name} on {machine}")
     return 0
 
 

@@ -1,6 +1,13 @@
 """The goodput bench's arithmetic: arrival-window goodput, attainment, calibration, goals."""
 
-from serve_app.bench.goodput import calibration, goals, record, request_rows, summarize
+from serve_app.bench.goodput import (
+    calibration,
+    goals,
+    record,
+    request_rows,
+    stall_trace,
+    summarize,
+)
 from serve_app.bench.runner import RunResult
 from serve_app.bench.targets import Sample
 from serve_app.bench.workload import Arrival, Lengths, Workload, expand
@@ -79,6 +86,27 @@ def test_request_rows_give_each_request_its_arrival_and_what_it_got() -> None:
     assert refused["status"] == 429 and not refused["met_slo"] and refused["pool"] is None
     assert last["max_gap_ms"] == 9.0 and last["repeat"] == 2 and last["policy"] == "slo"
     assert last["met_slo"] and last["ttft_ms"] == 50.0
+
+
+def test_the_stall_trace_counts_prefills_of_the_same_class_on_the_same_pool() -> None:
+    def row(index: int, cls: str, arrival: float, ttft: float, e2e: float, met: bool,
+            pool: str = "thr") -> dict[str, object]:  # fmt: skip
+        return {"policy": "slo", "multiple": 1.0, "repeat": 0, "index": index, "slo_class": cls,
+                "arrival_s": arrival, "ttft_ms": ttft, "e2e_ms": e2e, "met_slo": met,
+                "pool": pool}  # fmt: skip
+
+    rows = [
+        row(0, "doc", 0.0, 100, 5000, False),  # decodes 0.1-5.0 s: docs 1, 2 and 3 start in it
+        row(1, "doc", 0.5, 500, 1500, True),  # 1.0-1.5 s: none
+        row(2, "doc", 1.0, 1000, 1400, True),  # first token at 2.0 s
+        row(3, "doc", 2.5, 500, 900, True),  # first token at 3.0 s
+        row(4, "doc", 0.2, 1000, 2000, True, pool="other"),  # another pool: counted apart
+        row(5, "chat", 0.2, 100, 4000, True),  # another class: not a doc's stall
+        {**row(6, "doc", 0.3, 0, 0, False), "ttft_ms": None, "e2e_ms": None},  # refused
+    ]
+    text = stall_trace(rows)
+    assert "| slo | 1 | 0 | doc | 4/4 | 0/0 | 0/0 | 0/1 |" in text  # docs 1-4: none
+    assert "| slo | 1 | 0 | chat | 1/1 | 0/0 | 0/0 | 0/0 |" in text
 
 
 def test_attainment_per_class_uses_each_class_target() -> None:
