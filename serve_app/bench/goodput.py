@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
 import json
 import math
 import statistics
@@ -588,7 +589,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.trace:
-        print(stall_trace([json.loads(line) for line in args.trace.read_text().splitlines()]))
+        opener = gzip.open if args.trace.suffix == ".gz" else open
+        with opener(args.trace, "rt") as f:
+            print(stall_trace([json.loads(line) for line in f]))
         return 0
     if args.workload is None or (args.machine is None and not args.report):
         parser.error("--workload and --machine are required")
