@@ -6,13 +6,17 @@
 # with its env.sh). Runs in the background (setsid) and writes as it goes:
 #   bash docs/results/goodput/run_h200.sh start    # start the app and the sweep, return at once
 #   bash docs/results/goodput/run_h200.sh collect  # copy what is there so far to $OUT
-# POLICIES names the policies (x-route-policy values), NAME the output stem.
+# POLICIES names the policies (x-route-policy values), NAME the output stem; MULTIPLES,
+# REPEATS_AT and CAPACITY (req/s: no probe) narrow the sweep.
 set -euo pipefail
 SITE=${SERVE_APP_SITE:-/tmp/site}
 WORK=${GOODPUT_WORK:-/tmp/goodput}
 GPUS=${GPUS:-2}
 NAME=${NAME:-h200}
 POLICIES=${POLICIES:-slo,round-robin,least-load,single=throughput}
+MULTIPLES=${MULTIPLES:-0.5,1,1.5,2}
+REPEATS_AT=${REPEATS_AT-1,2}
+PROBE=${CAPACITY:+--capacity $CAPACITY}
 CONFIG=docs/results/goodput/serve_config.h200.yaml
 MACHINE="two H200s, 32 cores"
 URL=http://127.0.0.1:8000
@@ -36,8 +40,8 @@ for i in \$(seq 1 300); do curl -sf $URL/ready >/dev/null && break; sleep 1; don
 curl -s $URL/pools > $WORK/pools-start.json
 nvidia-smi --query-gpu=index,name,memory.used --format=csv > $WORK/gpus.txt
 python3 -m serve_app.bench.goodput --url $URL --workload workloads/slo-mix-gpu.yaml \
-  --policies "$POLICIES" --probe-concurrency 256 --probe-s 15 --multiples 0.5,1,1.5,2 \
-  --repeats-at 1,2 --extra-repeats 2 --window-s 30 --drain-s 10 --machine "$MACHINE" \
+  --policies "$POLICIES" --probe-concurrency 256 --probe-s 15 $PROBE --multiples $MULTIPLES \
+  --repeats-at "$REPEATS_AT" --extra-repeats 2 --window-s 30 --drain-s 10 --machine "$MACHINE" \
   --out $WORK --name $NAME --samples \
   > $WORK/bench.log 2>&1
 curl -s $URL/pools > $WORK/pools-end.json
