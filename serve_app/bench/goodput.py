@@ -183,15 +183,16 @@ def stall_trace(rows: list[dict[str, Any]]) -> str:
         timed = [r for r in run if r["ttft_ms"] is not None and r["e2e_ms"] is not None]
         for cls in sorted({r["slo_class"] for r in timed}):
             own = [r for r in timed if r["slo_class"] == cls]
-            firsts = [(r["pool"], r["arrival_s"] + r["ttft_ms"] / 1e3, r["index"]) for r in own]
+            first_at = {r["index"]: r["arrival_s"] + r["ttft_ms"] / 1e3 for r in own}
             met: dict[int, list[bool]] = defaultdict(list)
             for r in own:
-                start = r["arrival_s"] + r["ttft_ms"] / 1e3
-                end = r["arrival_s"] + r["e2e_ms"] / 1e3
+                start, end = first_at[r["index"]], r["arrival_s"] + r["e2e_ms"] / 1e3
                 n = sum(
                     1
-                    for pool, at, index in firsts
-                    if pool == r["pool"] and index != r["index"] and start < at < end
+                    for o in own
+                    if o["pool"] == r["pool"]
+                    and o["index"] != r["index"]
+                    and start < first_at[o["index"]] < end
                 )
                 met[min(n, STALL_BUCKETS)].append(bool(r["met_slo"]))
             cells = " | ".join(f"{sum(met[n])}/{len(met[n])}" for n in range(STALL_BUCKETS + 1))

@@ -171,7 +171,8 @@ class Decoding:
         new = tokens - self.tokens
         if new <= 0:
             return
-        self.gaps_ms.append((now - (self.last_at or self.first_at)) * 1e3 / new)
+        since = self.first_at if self.last_at is None else self.last_at
+        self.gaps_ms.append((now - since) * 1e3 / new)
         self.tokens, self.last_at = tokens, now
 
     def pace_ms(self) -> float:
