@@ -111,13 +111,14 @@ def test_py_spy_samples_the_pool_and_ingress_replicas_only(
     script = " ".join(f"(exec -a '{t}' sleep 30) &" for t in titles) + " wait"
     root = subprocess.Popen(["bash", "-c", script], start_new_session=True)
     try:
-        for _ in range(100):  # until each child has exec'd under its title
-            children = psutil.Process(root.pid).children()
-            by_title = {" ".join(c.cmdline()): c.pid for c in children}
-            if all(any(t in cmd for cmd in by_title) for t in titles):
+        # Until each child has exec'd under its title: a child not yet exec'd is a fork of the
+        # shell, whose command line holds every title, so match on argv[0] alone.
+        for _ in range(100):
+            by_title = {c.cmdline()[0]: c.pid for c in psutil.Process(root.pid).children()}
+            if set(titles) <= by_title.keys():
                 break
             time.sleep(0.05)
-        pool, ingress = (next(pid for cmd, pid in by_title.items() if t in cmd) for t in titles[:2])
+        pool, ingress = by_title[titles[0]], by_title[titles[1]]
         spies = streaming.start_py_spy(root.pid, 5, tmp_path, "c64")
         for spy in spies:
             spy.wait(timeout=10)
