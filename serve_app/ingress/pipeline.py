@@ -162,11 +162,6 @@ class Routed:
             headers[TRUNCATED_HEADER] = str(self.truncated)
         return headers
 
-    def due_at(self) -> float:
-        """The time.time() routing predicted its first token by (its TTFT counts from the
-        ingress's arrival)."""
-        return time.time() - (time.perf_counter() - self.started) + self.predicted_ttft_ms / 1e3
-
     def first_chunk(self, chunk: StreamChunk, now: float) -> None:
         """The first chunk arrived (perf_counter `now`): the stages of its way, when timed."""
         self.first_at = now
@@ -187,15 +182,13 @@ class Routed:
 
     def learned_ttft(self) -> tuple[float, float | None]:
         """What routing learns from: the TTFT since the proxy received the request (where it
-        said when), and the part of it outside the engine (when the engine said how long its
-        input, queue and prefill took): waiting for a busy engine's step is the engine's time,
-        not the serving path's."""
+        said when), and the part of it outside the engine's queue and prefill (when the engine
+        said how long those took)."""
         ttft_ms = elapsed_ms(self.started, self.first_at)
         stages = self.stages or {}
         ttft_ms += stages.get(Stage.PROXY, 0.0)
-        engine = (Stage.ENGINE_IN, Stage.QUEUE, Stage.PREFILL)
-        if all(stage in stages for stage in engine):
-            return ttft_ms, max(0.0, ttft_ms - sum(stages[stage] for stage in engine))
+        if Stage.QUEUE in stages and Stage.PREFILL in stages:
+            return ttft_ms, max(0.0, ttft_ms - stages[Stage.QUEUE] - stages[Stage.PREFILL])
         return ttft_ms, None
 
 
@@ -363,7 +356,6 @@ class RequestPipeline:
                 "tpot_factor": tpot_factor,
                 "path_ms": view.model.path(now),
                 "decode_slack_ms": view.decode_slack_ms,
-                "overdue_ms": view.overdue_ms,
                 "ttft_ms_recent_p50": snap.ttft_ms_recent_p50,
                 "tpot_ms_recent_p50": snap.tpot_ms_recent_p50,
                 "updated_at": snap.updated_at,
@@ -604,9 +596,7 @@ class RequestPipeline:
                 api=call,
                 channel=self._channels.ingress_id if carried else "",
             )
-            self._router.dispatched(
-                routed.pool, routed.prompt_tokens, routed.request_id, routed.due_at()
-            )
+            self._router.dispatched(routed.pool, routed.prompt_tokens)
             own = self._pools[routed.pool].generate.remote(gen)
             stream = self._channels.stream(routed.request_id, own, carried)
             chunks = self._track(routed, stream)
@@ -692,9 +682,7 @@ class RequestPipeline:
                             time.time(),
                             max(1, chunk.completion_tokens),
                         )
-                    self._router.first_token(
-                        routed.pool, routed.prompt_tokens, routed.decoding, routed.request_id
-                    )
+                    self._router.first_token(routed.pool, routed.prompt_tokens, routed.decoding)
                     ttft_ms, path_ms = routed.learned_ttft()
                     # learn at once: in a burst, completions come too late to correct admission
                     self._router.learn(
@@ -713,7 +701,6 @@ class RequestPipeline:
                 routed.prompt_tokens,
                 got_first_token=first_at is not None,
                 decoding=routed.decoding,
-                request_id=routed.request_id,
             )
             if first_at is not None and last is not None and last.finish_reason is not None:
                 self._finished(routed, first_at, last)

@@ -91,11 +91,7 @@ class RoutingConfig(BaseModel):
         16, gt=0, description="A pool with more queued requests per replica is saturated."
     )
     learning_rate: float = Field(
-        0.2,
-        gt=0,
-        le=1,
-        description="Weight of each measured latency in the model's factors (an exponentially "
-        "weighted geometric mean; one measurement counts as at most twice the factor, or half).",
+        0.2, gt=0, le=1, description="EWMA weight of each measured latency in the model's factors."
     )
     factor_half_life_s: float = Field(
         10.0,

@@ -15,21 +15,15 @@ the prior's value until a replica has measured one. Decode steps share each engi
 queued prefill (chunked prefill), up to the step's token budget: that is the TPOT term.
 
 Each request's measured TTFT (at its first token) and TPOT (at its end) move the pool's factor
-towards measured / unscaled prediction by an exponentially weighted average of logarithms, each
-measurement counted as at most `MAX_STEP` times the factor it meets (or 1 / `MAX_STEP`): a
-factor that is truly off still reaches the truth within a few dozen requests, but the handful of
-requests one engine stall delays (a 1.4 s step makes a 50 ms prediction 28 times too small) move
-it by a bounded amount instead of a large one; the stall itself, while it lasts, is seen live
-(`PoolView.overdue_ms`, routing/policy.py), not learned. When the request's TTFT breakdown is
-known (serve_app/timing.py), its time outside the engine (Serve's proxy, the ingress, the hops
-to and from the replica, the engine's output processing) is learned apart, as `path_ms`, and
-the factor from the engine's part alone, from the replica's hand-off to the first token: a
+towards measured / unscaled prediction by an exponentially weighted average. When the request's
+TTFT breakdown is known (serve_app/timing.py), its time outside the engine's queue and prefill
+(Serve's proxy, the ingress, the hops to and from the replica, the engine's input and output
+processing) is learned apart, as `path_ms`, and the factor from the engine's part alone: a
 serving path slowed by load (a proxy or replica event loop at its limit, requests held for a
-replica slot) then shows in every prediction at once, whatever the request's length, while
-waiting for a busy engine (its current step, its queue) stays the engine's. Without new
-measurements the factors relax back to 1 (the prior) and the path delay to 0 with a half-life,
-so one stall cannot keep a pool's predictions high, and its traffic refused, after the stall
-has passed.
+replica slot) then shows in every prediction at once, whatever the request's length. Without
+new measurements the factors relax back to 1 (the prior) and the path delay to 0 with a
+half-life, so one stall cannot keep a pool's predictions high, and its traffic refused, after
+the stall has passed.
 
 A request admitted to a pool also slows the requests already decoding there: its prefill (and
 the prefill queued ahead of it) shares their engine steps, adding about its prefill time to
@@ -51,8 +45,6 @@ from dataclasses import dataclass, field, replace
 from serve_app.routing.config import LatencyPrior
 
 _FACTOR_BOUNDS = (0.02, 50.0)
-# One measurement counts as at most this many times the factor it meets, or 1 / this.
-MAX_STEP = 2.0
 DEFAULT_HALF_LIFE_S = 10.0
 DEFAULT_STEP_TOKENS = 2048  # vLLM's token budget per step when a profile sets none
 
@@ -139,9 +131,8 @@ class LatencyModel:
     ) -> LatencyModel:
         """The model after one measurement, taken with the load seen when the request was routed.
 
-        `path_ms`: the part of `ttft_ms` spent outside the engine (before the replica handed the
-        request over, after the engine's first token), when the request's breakdown says; the
-        factor then learns from the rest.
+        `path_ms`: the part of `ttft_ms` spent outside the engine's queue and prefill, when the
+        request's breakdown says; the factor then learns from the rest.
         """
         raw = self.unscaled(prompt_tokens, load)
         ttft_factor, tpot_factor = self.factors(now)
@@ -151,9 +142,9 @@ class LatencyModel:
             if path_ms is not None:
                 path = (1 - rate) * path + rate * max(0.0, path_ms)
                 engine_ms = max(0.0, ttft_ms - path_ms)
-            ttft_factor = _learn_factor(ttft_factor, engine_ms / raw.ttft_ms, rate)
+            ttft_factor = _ewma(ttft_factor, engine_ms / raw.ttft_ms, rate)
         if tpot_ms is not None and raw.tpot_ms > 0:
-            tpot_factor = _learn_factor(tpot_factor, tpot_ms / raw.tpot_ms, rate)
+            tpot_factor = _ewma(tpot_factor, tpot_ms / raw.tpot_ms, rate)
         return replace(
             self, ttft_factor=ttft_factor, tpot_factor=tpot_factor, path_ms=path, learned_at=now
         )
@@ -208,10 +199,6 @@ def decode_slack_ms(decoding: Iterable[Decoding], now: float) -> float | None:
     return min(slacks, default=None)
 
 
-def _learn_factor(factor: float, ratio: float, rate: float) -> float:
-    """The factor moved towards one measured ratio: a weighted geometric mean, the ratio
-    counted as at most MAX_STEP times the factor (or 1 / MAX_STEP)."""
+def _ewma(old: float, sample: float, rate: float) -> float:
     lo, hi = _FACTOR_BOUNDS
-    ratio = min(factor * MAX_STEP, max(factor / MAX_STEP, ratio))
-    moved: float = factor ** (1 - rate) * ratio**rate
-    return min(hi, max(lo, moved))
+    return min(hi, max(lo, (1 - rate) * old + rate * sample))

@@ -7,9 +7,7 @@
    `max_tokens`).
 2. Pools with no live replica (or a stale view) are out; none left: 503 with Retry-After.
 3. Each pool's TTFT and TPOT are predicted from its load per replica (routing/estimator.py:
-   prompt tokens queued for prefill over the measured prefill rate, waiting and running requests),
-   the TTFT plus how far the pool's most overdue request is past its predicted first token (an
-   engine that has stalled is that much behind for whoever queues after it).
+   prompt tokens queued for prefill over the measured prefill rate, waiting and running requests).
    A request's *ratio* on a pool is its worst predicted/target latency (0 when it names no
    targets).
 4. A pool is *saturated* when its queue per replica reaches `max_waiting_per_replica`. A pool
@@ -94,9 +92,6 @@ class PoolView:
     # smallest decode slack of the requests streaming there that can still meet their TPOT
     # target (routing/estimator.py `Decoding`); None: no one to protect
     decode_slack_ms: float | None = None
-    # how far the most overdue request waiting for its first token there is past its predicted
-    # time (routing/router.py): how far the engine runs behind its model right now
-    overdue_ms: float = 0.0
 
     @property
     def load(self) -> Load:
@@ -129,10 +124,7 @@ Decision = RouteTo | Reject
 
 
 def predict(pool: PoolView, features: RequestFeatures, now: float) -> Prediction:
-    pred = pool.model.predict(features.prompt_tokens, pool.load, now)
-    if pool.overdue_ms <= 0:
-        return pred
-    return Prediction(pred.ttft_ms + pool.overdue_ms, pred.tpot_ms)
+    return pool.model.predict(features.prompt_tokens, pool.load, now)
 
 
 def _saturated(pool: PoolView, config: RoutingConfig) -> bool:

@@ -3,10 +3,7 @@
 Board snapshots arrive a few times a second; between them, a burst of requests would all see the
 same stale queue. So the router also counts this ingress's own requests per pool (dispatched and
 waiting for a first token, with their prompt tokens, or streaming) and uses the larger of the two
-counts. It also keeps when each request still waiting for its first token was predicted to have
-it: how far the most overdue of them is past that (`PoolView.overdue_ms`) is how far the pool's
-engine runs behind its model right now, a stall seen while it lasts and gone with its first
-tokens.
+counts.
 
 If the board itself stops answering, the router keeps routing on the last replica counts it got
 and its own load accounting (a dead board must not turn every request into a 503); a pool whose
@@ -17,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from serve_app.constants import STATS_STALE_AFTER_S
 from serve_app.pool_state import PoolSnapshot
@@ -44,12 +41,6 @@ class _Local:
     waiting: int = 0
     queued_tokens: int = 0
     running: int = 0
-    # request id -> time.time() its first token was predicted by, while it waits for one
-    due: dict[str, float] = field(default_factory=dict)
-
-    def overdue_ms(self, now: float) -> float:
-        """How far the most overdue request waiting for its first token is past its time."""
-        return max(0.0, (now - min(self.due.values())) * 1e3) if self.due else 0.0
 
 
 class Router:
@@ -128,7 +119,6 @@ class Router:
                     updated_at=now if board_stale else snap.updated_at,
                     queued_tokens=max(snap.queued_tokens, local.queued_tokens),
                     decode_slack_ms=decode_slack_ms(self._decoding[name], now),
-                    overdue_ms=local.overdue_ms(now),
                 )
             )
         return views
@@ -158,30 +148,17 @@ class Router:
         least_load = policy is Policy.LEAST_LOAD
         return decide_plain(features, self.views(now), now, self._turn, only, least_load)
 
-    def dispatched(
-        self, pool: str, prompt_tokens: int, request_id: str = "", due_at: float | None = None
-    ) -> None:
-        """A request went to `pool`; `due_at`: the time.time() routing predicted its first
-        token by (None: no prediction to hold the engine to)."""
+    def dispatched(self, pool: str, prompt_tokens: int) -> None:
         local = self._local[pool]
         local.waiting += 1
         local.queued_tokens += prompt_tokens
-        if due_at is not None:
-            local.due[request_id] = due_at
 
-    def first_token(
-        self,
-        pool: str,
-        prompt_tokens: int,
-        decoding: Decoding | None = None,
-        request_id: str = "",
-    ) -> None:
+    def first_token(self, pool: str, prompt_tokens: int, decoding: Decoding | None = None) -> None:
         """A request's first token came; `decoding`: its decode, to keep within its TPOT target
         (updated by the caller as tokens come)."""
         local = self._local[pool]
         local.waiting -= 1
         local.queued_tokens -= prompt_tokens
-        local.due.pop(request_id, None)
         local.running += 1
         if decoding is not None:
             self._decoding[pool].add(decoding)
@@ -192,10 +169,8 @@ class Router:
         prompt_tokens: int,
         got_first_token: bool,
         decoding: Decoding | None = None,
-        request_id: str = "",
     ) -> None:
         local = self._local[pool]
-        local.due.pop(request_id, None)
         if decoding is not None:
             self._decoding[pool].discard(decoding)
         if got_first_token:

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from serve_app.routing.config import LatencyPrior, Placement, RoutingConfig
-from serve_app.routing.estimator import MAX_STEP, LatencyModel, Load
+from serve_app.routing.estimator import LatencyModel, Load
 from serve_app.routing.policy import (
     PoolView,
     Reject,
@@ -398,30 +398,6 @@ def test_learned_factors_relax_to_the_prior_without_measurements() -> None:
     fresh = replace(p, updated_at=NOW + 120)  # the board kept reporting the idle pool
     assert isinstance(decide(req(), SLO("i", ttft_ms=100), [p], CONFIG, NOW), Reject)
     assert isinstance(decide(req(), SLO("i", ttft_ms=100), [fresh], CONFIG, NOW + 120), RouteTo)
-
-
-def test_a_stall_moves_the_factor_a_bounded_step_per_request_it_delays() -> None:
-    model = LatencyModel(FAST, half_life_s=10)
-    raw = model.unscaled(100, Load()).ttft_ms
-    stalled = model
-    for _ in range(4):  # one 1.4 s engine step delays four requests predicted 20 ms
-        stalled = stalled.learn(100, Load(), ttft_ms=1400, tpot_ms=None, rate=0.2, now=NOW)
-    assert raw == 20
-    assert stalled.ttft_factor == pytest.approx(MAX_STEP ** (0.2 * 4))
-    # so once it has passed, an interactive request fits again (a plain average would predict
-    # 20 * (1 + 4 * 0.2 * 69) ms and refuse it for tens of seconds)
-    after = replace(LOW, model=stalled, updated_at=NOW + 1)
-    assert isinstance(decide(req(), SLO("i", ttft_ms=100), [after], CONFIG, NOW + 1), RouteTo)
-
-
-def test_a_stall_seen_live_delays_every_prediction_by_how_far_it_is_behind() -> None:
-    behind = replace(LOW, overdue_ms=500)
-    assert predict(behind, req(), NOW).ttft_ms == pytest.approx(
-        predict(LOW, req(), NOW).ttft_ms + 500
-    )
-    assert predict(behind, req(), NOW).tpot_ms == predict(LOW, req(), NOW).tpot_ms
-    assert isinstance(decide(req(), SLO("i", ttft_ms=300), [behind], CONFIG, NOW), Reject)
-    assert isinstance(decide(req(), SLO("i", ttft_ms=300), [LOW], CONFIG, NOW), RouteTo)
 
 
 def test_a_slow_serving_path_is_learned_apart_from_the_engine() -> None:

@@ -116,26 +116,3 @@ def test_requests_decoding_with_a_tpot_target_set_the_pool_slack_until_they_end(
     assert r.views(NOW + 0.1)[0].decode_slack_ms == pytest.approx(400 - 100 - 5 * 20)
     r.finished("a", 10, got_first_token=True, decoding=d)
     assert r.views(NOW + 0.1)[0].decode_slack_ms is None
-
-
-def test_a_request_past_its_predicted_first_token_delays_the_pool_until_its_token_comes() -> None:
-    r = router()
-    features, slo = RequestFeatures(10, 10), SLO("i", ttft_ms=300)
-    idle = r.decide(features, slo, NOW)
-    assert isinstance(idle, RouteTo) and r.views(NOW)[0].overdue_ms == 0.0
-    r.dispatched("a", 10, "late", due_at=NOW + 0.05)
-    r.dispatched("a", 10, "on-time", due_at=NOW + 0.9)
-    r.dispatched("a", 10)  # no prediction to hold the engine to
-    assert r.views(NOW + 0.05)[0].overdue_ms == 0.0
-    # the engine stalled: 0.4 s past the first request's time, its first token has not come
-    view = r.views(NOW + 0.45)[0]
-    assert view.overdue_ms == pytest.approx(400)
-    stalled = r.decide(features, slo, NOW + 0.45)
-    assert isinstance(stalled, Reject)  # 400 ms behind on top of the model: no 300 ms TTFT
-    r.first_token("a", 10, request_id="late")  # the stall ended
-    assert r.views(NOW + 0.5)[0].overdue_ms == 0.0
-    after = r.decide(features, slo, NOW + 0.5)
-    assert isinstance(after, RouteTo)
-    assert after.predicted.ttft_ms == pytest.approx(idle.predicted.ttft_ms, abs=10)
-    r.finished("a", 10, got_first_token=False, request_id="on-time")  # failed: no longer due
-    assert r.views(NOW + 5)[0].overdue_ms == 0.0
