@@ -33,12 +33,13 @@ _ANY_ADDRESS_BIND = re.compile(r"^(?P<bind>[ \t]*bind[ \t]+)\*?(?P<port>:\d+)[ \
 
 
 # With `option abortonclose`, the wheel's HAProxy (2.8.25) spins when clients leave while their
-# requests wait for response headers. At the end of an overloaded run on 2 cores, 20 to 140
-# connections left that way (CLOSE-WAIT on its side) kept its 4 threads at 130-200 % CPU, waking
-# its tasks in a loop (15 M wake-ups against 46 k polled I/O events), until the replicas
-# answered those requests 25-40 s later, and starved the engines meanwhile: in each of the 3
-# runs that ended so with it on, in none of 4 with it off. The abort did not reach the replicas
-# either way (the requests ran to their end); off, HAProxy waits for those responses idle.
+# requests wait for response headers. At the end of overloaded runs on 2 cores, up to 46
+# connections left that way (CLOSE-WAIT on its side) kept its 4 threads at 128-207 % CPU,
+# waking its tasks in a loop (15 M wake-ups against 46 k polled I/O events), until the replicas
+# answered those requests 4-38 s later, and starved the engines meanwhile: in each of the 3
+# runs that ended so with it on, in none of 4 with it off (docs/results/goodput/haproxy-spin/).
+# The abort did not reach the replicas either way (the requests ran to their end); off, HAProxy
+# waits for those responses idle.
 _ABORT_ON_CLOSE = re.compile(r"^(?P<indent>[ \t]*)option[ \t]+abortonclose[ \t]*$", re.MULTILINE)
 
 
