@@ -207,15 +207,20 @@ def _count(items: Any) -> dict[str, int]:
     return out
 
 
-async def _idle(url: str, timeout_s: float = 60) -> None:
-    """Wait until no pool has requests waiting or running (the previous run has drained)."""
-    deadline = time.monotonic() + timeout_s
+async def _idle(url: str, timeout_s: float = 120) -> tuple[bool, float]:
+    """Wait until no pool has requests waiting or running (the previous run has drained);
+    whether they had, and how long it took. A run that starts on a busy fleet says so in its
+    record (`started_idle`): the requests an earlier run left behind share its engines."""
+    start = time.monotonic()
     async with aiohttp.ClientSession(url) as session:
-        while time.monotonic() < deadline:
+        while True:
             async with session.get("/pools") as r:
                 pools = await r.json()
+            waited = time.monotonic() - start
             if all(p["waiting"] + p["running"] == 0 for p in pools.values()):
-                return
+                return True, waited
+            if waited >= timeout_s:
+                return False, waited
             await asyncio.sleep(0.5)
 
 
@@ -265,7 +270,6 @@ async def sweep(
         print(
             f"capacity (closed loop, round-robin): {probe['capacity_req_s']:.2f} req/s", flush=True
         )
-        await _idle(args.url)
     capacity = float(probe["capacity_req_s"])
     multiples = [float(m) for m in args.multiples.split(",")]
     extra_at = {float(m) for m in args.repeats_at.split(",")} if args.repeats_at else set()
@@ -297,6 +301,7 @@ async def sweep(
                 # the prefix cache an earlier run (another policy, rate or repeat) filled
                 runs += 1
                 salted = seeded.model_copy(update={"content_salt": runs})
+                idle, settle_s = await _idle(args.url)
                 target = HTTPTarget(
                     args.url,
                     f"app@{policy}",
@@ -310,6 +315,7 @@ async def sweep(
                 finally:
                     await target.stop()
                 row = record(result, policy, multiple, repeat, args.machine)
+                row |= {"started_idle": idle, "settle_s": round(settle_s, 1)}
                 records.append(row)
                 if rows_file is not None:
                     with rows_file.open("a") as f:
@@ -320,13 +326,13 @@ async def sweep(
                     f"{policy:>22} x{multiple:<4} rate={rate:7.2f} rep={repeat} "
                     f"goodput={row['goodput_req_s']:7.2f} refused={row['refused']:4d} "
                     f"{KEY_CLASS} offered={_fmt(key.get('attainment_offered'))} "
-                    f"admitted={_fmt(key.get('attainment_admitted'))} pools={row['pools']}",
+                    f"admitted={_fmt(key.get('attainment_admitted'))} pools={row['pools']} "
+                    f"settled={settle_s:.0f}s{'' if idle else ' (still busy)'}",
                     flush=True,
                 )
                 if out_file is not None:  # a cut-off run keeps what it measured
                     out_file.parent.mkdir(parents=True, exist_ok=True)
                     out_file.write_text(json.dumps({"probe": probe, "records": records}, indent=1))
-                await _idle(args.url)
     return probe, records
 
 

@@ -99,6 +99,13 @@ class RoutingConfig(BaseModel):
         description="Without new measurements, learned factors relax to the prior with this "
         "half-life (a stall must not keep a pool refused after it has passed).",
     )
+    path_half_life_s: float = Field(
+        2.0,
+        gt=0,
+        description="Without new measurements, the learned path delay (TTFT outside the "
+        "engine's queue and prefill: replica-slot waits, a busy proxy) relaxes to 0 with this "
+        "half-life; shorter than the factors', as that delay ends with the load that caused it.",
+    )
     placement: Placement = Field(
         Placement.BEST_FIT,
         description="Which pool takes a request when several meet its SLO with margin.",

@@ -23,7 +23,11 @@ serving path slowed by load (a proxy or replica event loop at its limit, request
 replica slot) then shows in every prediction at once, whatever the request's length. Without
 new measurements the factors relax back to 1 (the prior) and the path delay to 0 with a
 half-life, so one stall cannot keep a pool's predictions high, and its traffic refused, after
-the stall has passed.
+the stall has passed. The path delay relaxes faster than the factors: it is the part of a TTFT
+that load outside the engine adds (requests that waited for a replica slot behind a flood, an
+event loop at its limit), so it ends with that load, and a pool that refuses everything learns
+nothing new. Learned from requests that waited seconds for a slot, at the factors' half-life
+it kept an idle pool refusing for tens of seconds (docs/results/goodput.md, one H200).
 
 A request admitted to a pool also slows the requests already decoding there: its prefill (and
 the prefill queued ahead of it) shares their engine steps, adding about its prefill time to
@@ -46,6 +50,7 @@ from serve_app.routing.config import LatencyPrior
 
 _FACTOR_BOUNDS = (0.02, 50.0)
 DEFAULT_HALF_LIFE_S = 10.0
+DEFAULT_PATH_HALF_LIFE_S = 2.0
 DEFAULT_STEP_TOKENS = 2048  # vLLM's token budget per step when a profile sets none
 
 
@@ -72,6 +77,7 @@ class LatencyModel:
     path_ms: float = 0.0  # learned time of the serving path outside the engine's queue, prefill
     learned_at: float = 0.0  # when the factors last moved (time.time())
     half_life_s: float = DEFAULT_HALF_LIFE_S
+    path_half_life_s: float = DEFAULT_PATH_HALF_LIFE_S  # how fast path_ms relaxes to 0
     measured_ms_per_token: float | None = None  # from the replicas' prefill rate
     step_tokens: int = (
         DEFAULT_STEP_TOKENS  # the engines' token budget per step (max_num_batched_tokens)
@@ -87,18 +93,18 @@ class LatencyModel:
         ms = 1000.0 / tokens_per_s if tokens_per_s else None
         return self if ms == self.measured_ms_per_token else replace(self, measured_ms_per_token=ms)
 
-    def _keep(self, now: float) -> float:
+    def _keep(self, now: float, half_life_s: float) -> float:
         age = max(0.0, now - self.learned_at)
-        return 0.5 ** (age / self.half_life_s) if self.half_life_s > 0 else 1.0
+        return 0.5 ** (age / half_life_s) if half_life_s > 0 else 1.0
 
     def factors(self, now: float) -> tuple[float, float]:
         """The learned factors as of `now`: relaxed towards 1 by the time since they last moved."""
-        keep = self._keep(now)
+        keep = self._keep(now, self.half_life_s)
         return 1 + (self.ttft_factor - 1) * keep, 1 + (self.tpot_factor - 1) * keep
 
     def path(self, now: float) -> float:
-        """The learned path delay as of `now`, relaxed towards 0 like the factors."""
-        return self.path_ms * self._keep(now)
+        """The learned path delay as of `now`, relaxed towards 0 (its own half-life)."""
+        return self.path_ms * self._keep(now, self.path_half_life_s)
 
     def unscaled(self, prompt_tokens: int, load: Load) -> Prediction:
         """The prediction from the prior (with the measured prefill rate), no learned factor."""

@@ -60,6 +60,7 @@ class Router:
             name: LatencyModel(
                 config.prior(name),
                 half_life_s=config.factor_half_life_s,
+                path_half_life_s=config.path_half_life_s,
                 step_tokens=steps.get(name, DEFAULT_STEP_TOKENS),
             )
             for name in pools

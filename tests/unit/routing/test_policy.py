@@ -400,6 +400,22 @@ def test_learned_factors_relax_to_the_prior_without_measurements() -> None:
     assert isinstance(decide(req(), SLO("i", ttft_ms=100), [fresh], CONFIG, NOW + 120), RouteTo)
 
 
+def test_a_path_delay_learned_behind_a_flood_ends_with_the_flood() -> None:
+    """Requests load-balanced past the pool's replica slots waited seconds to be dispatched
+    while the engine stayed fast (one H200, 2x capacity, round-robin): that wait is learned as
+    path delay. Once the flood has gone, the idle pool must take interactive requests again
+    within seconds, although no new measurement arrives while it refuses them."""
+    model = LatencyModel(FAST, half_life_s=10)
+    raw = model.unscaled(100, Load()).ttft_ms
+    for _ in range(40):
+        model = model.learn(100, Load(), raw + 5000, None, rate=0.2, now=NOW, path_ms=5000)
+    assert model.path(NOW) == pytest.approx(5000, rel=1e-3)
+    flooded = replace(LOW, model=model)
+    assert isinstance(decide(req(), SLO("i", ttft_ms=250), [flooded], CONFIG, NOW), Reject)
+    idle = replace(flooded, updated_at=NOW + 10)  # the board kept reporting the idle pool
+    assert isinstance(decide(req(), SLO("i", ttft_ms=250), [idle], CONFIG, NOW + 10), RouteTo)
+
+
 def test_a_slow_serving_path_is_learned_apart_from_the_engine() -> None:
     """Requests held up outside the engine (a replica slot, a busy proxy) while the engine's
     queue and prefill stay fast: the path delay is learned as such, and every prediction of the
@@ -415,7 +431,7 @@ def test_a_slow_serving_path_is_learned_apart_from_the_engine() -> None:
     # so admission refuses what the path alone makes late, and admits again once it recovers
     slow = replace(LOW, model=model)
     assert isinstance(decide(req(), SLO("i", ttft_ms=250), [slow], CONFIG, NOW), Reject)
-    assert model.path(NOW + 30) == pytest.approx(300 / 8, rel=1e-3)
+    assert model.path(NOW + 2) == pytest.approx(300 / 2, rel=1e-3)  # path_half_life_s
     recovered = replace(slow, updated_at=NOW + 60)
     assert isinstance(decide(req(), SLO("i", ttft_ms=250), [recovered], CONFIG, NOW + 60), RouteTo)
 
