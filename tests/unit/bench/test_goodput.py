@@ -238,8 +238,8 @@ def test_every_run_of_a_sweep_gets_prompts_of_its_own(monkeypatch) -> None:  # t
         salts.append(workload.content_salt)
         return result([sample(0, "interactive", 60.0)])
 
-    async def idle(url: str, timeout_s: float = 60) -> None:
-        pass
+    async def idle(url: str, timeout_s: float = 120) -> tuple[bool, float]:
+        return len(salts) != 1, 0.5 * len(salts)  # the second run starts on a busy fleet
 
     class Target:
         def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
@@ -259,5 +259,8 @@ def test_every_run_of_a_sweep_gets_prompts_of_its_own(monkeypatch) -> None:  # t
         policies="slo,round-robin", out=None, name="x", url="http://127.0.0.1:1",
         window_s=1.0, drain_s=1.0,
     )  # fmt: skip
-    asyncio.run(goodput.sweep(args, WORKLOAD))
+    _, records = asyncio.run(goodput.sweep(args, WORKLOAD))
     assert len(salts) == 6 and len(set(salts)) == 6  # (1 + 2 repeats) x 2 policies
+    # each record says whether its run started on an idle fleet, and how long that took
+    assert [r["started_idle"] for r in records] == [True, False, True, True, True, True]
+    assert [r["settle_s"] for r in records] == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]
