@@ -11,10 +11,11 @@ NAME=${NAME:-cpu-knee}
 MULTIPLES=${MULTIPLES:-1}   # e.g. 1,2: the knee and twice the capacity
 POLICIES=${POLICIES:-slo:best-fit,least-load}   # e.g. slo:best-fit,least-load,round-robin
 MACHINE=${MACHINE:-"CPU (AMD EPYC), 2 cores, 24 GiB"}
+CONFIG=${CONFIG:-docs/results/goodput/serve_config.cpu.yaml}   # the app's config
 URL=http://127.0.0.1:8000
 : "${CAPACITY:?names the capacity of the fleet, req/s}"
 # In this script's session, as run_cpu.sh (its note on the kernel's autogroups says why).
-$PY -m serve_app run docs/results/goodput/serve_config.cpu.yaml --port 8000 > /tmp/goodput-knee-app.log 2>&1 &
+$PY -m serve_app run "$CONFIG" --port 8000 > /tmp/goodput-knee-app.log 2>&1 &
 APP=$!
 trap 'kill -INT $APP; wait $APP || true' EXIT
 for i in $(seq 1 300); do curl -sf $URL/ready >/dev/null && break; sleep 1; done
