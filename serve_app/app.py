@@ -106,9 +106,13 @@ def resolve_profiles(args: AppArgs, platform: Platform) -> list[ResolvedProfile]
         raise ProfileError(
             f"all pools must serve the same model on {platform.value}; got {sorted(models)}"
         )
-    unknown = set(args.routing.priors) - {p.name for p in resolved}
+    names = {p.name for p in resolved}
+    unknown = set(args.routing.priors) - names
     if unknown:
         raise ProfileError(f"routing.priors names unknown pools: {sorted(unknown)}")
+    unknown = {pool for group in args.routing.colocated or [] for pool in group} - names
+    if unknown:
+        raise ProfileError(f"routing.colocated names unknown pools: {sorted(unknown)}")
     return resolved
 
 

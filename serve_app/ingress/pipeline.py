@@ -355,7 +355,10 @@ class RequestPipeline:
                 "ttft_factor": ttft_factor,
                 "tpot_factor": tpot_factor,
                 "path_ms": view.model.path(now),
-                "decode_slack_ms": view.decode_slack_ms,
+                "decode_slack_ms": view.decode_slack_ms,  # theirs and their device-mates'
+                "shares_device_with": [
+                    p for p in self._router.sharing(view.name) if p != view.name
+                ],
                 "ttft_ms_recent_p50": snap.ttft_ms_recent_p50,
                 "tpot_ms_recent_p50": snap.tpot_ms_recent_p50,
                 "updated_at": snap.updated_at,

@@ -128,6 +128,13 @@ class RoutingConfig(BaseModel):
     priors: dict[str, LatencyPrior] = Field(
         default_factory=dict, description="Latency model priors by pool; default for the rest."
     )
+    colocated: list[list[str]] | None = Field(
+        None,
+        description="Groups of pools whose engines share a device (fractions of one GPU, the "
+        "cores of one CPU): a prefill admitted to one slows the decodes of all, so admission "
+        "protects the decodes of the whole group. Unset: pools share where their replicas do, "
+        "as the replicas report it (one GPU id on one node; replicas without GPUs: one node).",
+    )
 
     @model_validator(mode="after")
     def _default_class_exists(self) -> RoutingConfig:
@@ -137,6 +144,22 @@ class RoutingConfig(BaseModel):
                 f"({', '.join(self.classes)})"
             )
         return self
+
+    @model_validator(mode="after")
+    def _colocated_groups_are_disjoint(self) -> RoutingConfig:
+        seen: set[str] = set()
+        for group in self.colocated or []:
+            if twice := seen & set(group):
+                raise ValueError(f"colocated names {sorted(twice)} in more than one group")
+            seen |= set(group)
+        return self
+
+    def sharing(self, pool: str) -> frozenset[str]:
+        """The pools configured to share a device with `pool`, itself included."""
+        for group in self.colocated or []:
+            if pool in group:
+                return frozenset(group)
+        return frozenset({pool})
 
     def prior(self, pool: str) -> LatencyPrior:
         return self.priors.get(pool, LatencyPrior())

@@ -13,8 +13,8 @@
 4. A pool is *saturated* when its queue per replica reaches `max_waiting_per_replica`. A pool
    *protects* its running requests when the prefill pending after this request (queued tokens
    plus its prompt, at the pool's prefill rate) fits in the smallest decode slack of the
-   requests streaming there that can still meet their TPOT target (routing/estimator.py): a
-   request that would make them miss is not theirs to take.
+   requests streaming there, or on a pool sharing its device, that can still meet their TPOT
+   target (routing/estimator.py): a request that would make them miss is not theirs to take.
 5. Among unsaturated pools that protect their running requests and whose ratio is at most
    `fit_margin`, the configured placement picks: **best fit** (the default, see README: highest
    ratio, the slowest pool that still fits, keeping fast pools free), **headroom** (lowest
@@ -89,8 +89,9 @@ class PoolView:
     model: LatencyModel
     updated_at: float
     queued_tokens: int = 0  # prompt tokens dispatched and not yet prefilled
-    # smallest decode slack of the requests streaming there that can still meet their TPOT
-    # target (routing/estimator.py `Decoding`); None: no one to protect
+    # smallest decode slack of the requests streaming there (or on a pool sharing its device)
+    # that can still meet their TPOT target (routing/estimator.py `Decoding`); None: no one to
+    # protect
     decode_slack_ms: float | None = None
 
     @property
@@ -139,7 +140,8 @@ def pending_prefill_ms(pool: PoolView, features: RequestFeatures) -> float:
 
 
 def protects(pool: PoolView, features: RequestFeatures) -> bool:
-    """Taking the request leaves every request decoding on the pool within its TPOT target."""
+    """Taking the request leaves every request decoding on the pool (and on the pools sharing
+    its device) within its TPOT target."""
     slack = pool.decode_slack_ms
     return slack is None or pending_prefill_ms(pool, features) <= slack
 
@@ -268,8 +270,8 @@ def decide(
         return Reject(
             429,
             RejectReason.PROTECTS_RUNNING,
-            f"taking it would make requests decoding on {', '.join(p.name for p, _ in crowded)} "
-            "miss their TPOT target",
+            f"taking it on {', '.join(p.name for p, _ in crowded)} would make requests decoding "
+            "there (or on a pool sharing its device) miss their TPOT target",
             retry,
             None,
             demand,

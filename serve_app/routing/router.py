@@ -5,6 +5,9 @@ same stale queue. So the router also counts this ingress's own requests per pool
 waiting for a first token, with their prompt tokens, or streaming) and uses the larger of the two
 counts.
 
+Admission protects the requests decoding on the pool a request would go to, and on the pools
+sharing its device (`colocated`): two engines on one GPU or one CPU slow each other's steps.
+
 If the board itself stops answering, the router keeps routing on the last replica counts it got
 and its own load accounting (a dead board must not turn every request into a 503); a pool whose
 replicas stop reporting to a live board still drops out.
@@ -15,6 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import chain
 
 from serve_app.constants import STATS_STALE_AFTER_S
 from serve_app.pool_state import PoolSnapshot
@@ -43,6 +47,20 @@ class _Local:
     running: int = 0
 
 
+def _devices(snap: PoolSnapshot) -> set[tuple[str, str]]:
+    """Where a pool's replicas run: (node, GPU id), or (node, "cpu") for one without GPUs."""
+    return {(p.node_id, gpu) for _, p in snap.placements for gpu in (p.gpu_ids or ("cpu",))}
+
+
+def sharing(snapshots: Mapping[str, PoolSnapshot]) -> dict[str, list[str]]:
+    """Each pool's pools sharing a device with one of its replicas, itself included."""
+    devices = {name: _devices(snap) for name, snap in snapshots.items()}
+    return {
+        name: sorted(other for other, theirs in devices.items() if other == name or mine & theirs)
+        for name, mine in devices.items()
+    }
+
+
 class Router:
     def __init__(
         self,
@@ -67,8 +85,10 @@ class Router:
         }
         self._local = {name: _Local() for name in pools}
         # this ingress's requests streaming on each pool with a TPOT target (admission keeps
-        # them within it: routing/policy.py)
+        # them within it: routing/policy.py), and the pools each pool's prefills slow (those
+        # sharing its device)
         self._decoding: dict[str, set[Decoding]] = {name: set() for name in pools}
+        self._sharing = {name: sorted(config.sharing(name) & set(pools)) for name in pools}
         self._snapshots: dict[str, PoolSnapshot] = {name: PoolSnapshot(name) for name in pools}
         self._board_at: float | None = None  # when the board last answered
         self._turn = 0
@@ -81,6 +101,12 @@ class Router:
             if name in self._snapshots:
                 self._snapshots[name] = snap
                 self._models[name] = self._models[name].with_prefill_rate(snap.prefill_tok_s)
+        if self._config.colocated is None:
+            self._sharing = sharing(self._snapshots)
+
+    def sharing(self, pool: str) -> list[str]:
+        """The pools whose decodes a prefill on `pool` slows (those sharing its device)."""
+        return self._sharing[pool]
 
     @property
     def snapshots(self) -> Mapping[str, PoolSnapshot]:
@@ -119,7 +145,9 @@ class Router:
                     # a silent board is no news of the pools: route on what was last known
                     updated_at=now if board_stale else snap.updated_at,
                     queued_tokens=max(snap.queued_tokens, local.queued_tokens),
-                    decode_slack_ms=decode_slack_ms(self._decoding[name], now),
+                    decode_slack_ms=decode_slack_ms(
+                        chain.from_iterable(self._decoding[p] for p in self._sharing[name]), now
+                    ),
                 )
             )
         return views

@@ -236,6 +236,9 @@ def test_pools_spread_over_two_nodes_and_survive_losing_one(
         assert all(gpus for _, gpus in slots), slots
         assert len(set(slots)) == len(slots) == 2
         assert {node for node, _ in slots} == {nodes["head"], nodes["worker"]}
+        # a GPU each: admission protects each pool's decodes from its own prefills only
+        shared = {n: p["shares_device_with"] for n, p in client.get("/pools").json().items()}
+        assert shared == {name: [] for name in where}, shared
         assert completion_ok(client)
 
         holder.stdin.write("release\n")

@@ -99,3 +99,11 @@ def test_flood_is_refused_early_and_admitted_requests_complete(app_server: AppSe
         f"{len(refused)} refused (median {statistics.median(refused_ms):.0f} ms, "
         f"max {refused_ms[-1]:.0f} ms)"
     )
+
+
+def test_pools_on_one_cpu_protect_each_others_decodes(app_server: AppServer) -> None:
+    """Both engines run on this machine's cores, as their replicas report: a prefill admitted
+    to one pool is checked against the decodes of the other too."""
+    pools = httpx.get(f"{app_server.url}/pools").json()
+    assert pools["low-latency"]["shares_device_with"] == ["throughput"], pools
+    assert pools["throughput"]["shares_device_with"] == ["low-latency"], pools

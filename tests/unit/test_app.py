@@ -72,3 +72,11 @@ def test_routing_priors_must_name_pools() -> None:
     )
     with pytest.raises(ProfileError, match="unknown pools"):
         resolve_profiles(args, Platform.CPU)
+
+
+def test_routing_colocated_must_name_pools() -> None:
+    args = AppArgs.model_validate(
+        {"profiles": ["low-latency"], "routing": {"colocated": [["low-latency", "nope"]]}}
+    )
+    with pytest.raises(ProfileError, match=r"colocated names unknown pools: \['nope'\]"):
+        resolve_profiles(args, Platform.CPU)

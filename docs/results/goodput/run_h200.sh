@@ -7,7 +7,8 @@
 #   bash docs/results/goodput/run_h200.sh start    # start the app and the sweep, return at once
 #   bash docs/results/goodput/run_h200.sh collect  # copy what is there so far to $OUT
 # POLICIES names the policies (x-route-policy values), NAME the output stem; MULTIPLES,
-# REPEATS_AT and CAPACITY (req/s: no probe) narrow the sweep.
+# REPEATS_AT and CAPACITY (req/s: no probe) narrow the sweep; CONFIG names another app config.
+# The app is stopped when the sweep ends, so another can start after it (`done` in $WORK).
 set -euo pipefail
 SITE=${SERVE_APP_SITE:-/tmp/site}
 WORK=${GOODPUT_WORK:-/tmp/goodput}
@@ -17,7 +18,7 @@ POLICIES=${POLICIES:-slo,round-robin,least-load,single=throughput}
 MULTIPLES=${MULTIPLES:-0.5,1,1.5,2}
 REPEATS_AT=${REPEATS_AT-1,2}
 PROBE=${CAPACITY:+--capacity $CAPACITY}
-CONFIG=docs/results/goodput/serve_config.h200.yaml
+CONFIG=${CONFIG:-docs/results/goodput/serve_config.h200.yaml}
 MACHINE="two H200s, 32 cores"
 URL=http://127.0.0.1:8000
 case "${1:-}" in
@@ -36,6 +37,7 @@ source $SITE/env.sh
 export PYTHONPATH=$PWD:$SITE
 cd $PWD
 python3 -m serve_app run $CONFIG --port 8000 > $WORK/app.log 2>&1 &
+APP=\$!
 for i in \$(seq 1 300); do curl -sf $URL/ready >/dev/null && break; sleep 1; done
 curl -s $URL/pools > $WORK/pools-start.json
 nvidia-smi --query-gpu=index,name,memory.used --format=csv > $WORK/gpus.txt
@@ -45,6 +47,7 @@ python3 -m serve_app.bench.goodput --url $URL --workload workloads/slo-mix-gpu.y
   --out $WORK --name $NAME --samples \
   > $WORK/bench.log 2>&1
 curl -s $URL/pools > $WORK/pools-end.json
+kill \$APP; wait \$APP
 touch $WORK/done
 SH
   setsid bash "$WORK/sweep.sh" > "$WORK/sweep.log" 2>&1 < /dev/null &

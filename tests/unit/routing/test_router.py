@@ -1,5 +1,6 @@
 import pytest
 
+from serve_app.engine.protocol import Placement
 from serve_app.pool_state import PoolSnapshot
 from serve_app.routing.config import LatencyPrior, Policy, RoutingConfig
 from serve_app.routing.estimator import Decoding, LatencyModel, Load
@@ -116,3 +117,58 @@ def test_requests_decoding_with_a_tpot_target_set_the_pool_slack_until_they_end(
     assert r.views(NOW + 0.1)[0].decode_slack_ms == pytest.approx(400 - 100 - 5 * 20)
     r.finished("a", 10, got_first_token=True, decoding=d)
     assert r.views(NOW + 0.1)[0].decode_slack_ms is None
+
+
+def test_a_prefill_is_refused_where_it_would_stall_decodes_on_a_pool_sharing_its_device() -> None:
+    """Two engines on one GPU slow each other's steps: a decode on `a` with 100 ms of slack
+    makes `b`, which shares its device, refuse a prefill of 210 ms; a pool of its own takes it."""
+    prior = LatencyPrior(ttft_ms_per_prompt_token=0.1, ttft_base_ms=0, tpot_base_ms=1)
+    routed = {}
+    for colocated in ([["a", "b"]], []):
+        config = RoutingConfig(priors={"a": prior, "b": prior}, colocated=colocated, max_held=0)
+        r = Router({"a": 2048, "b": 8192}, config)
+        r.update({n: PoolSnapshot(n, replicas=1, updated_at=NOW) for n in "ab"}, now=NOW)
+        # 11 tokens, target 30 ms each: 300 ms budget, 10 to come at 20 ms: 100 ms of slack
+        d = Decoding(tpot_target_ms=30, max_tokens=11, predicted_tpot_ms=20, first_at=NOW)
+        r.dispatched("a", 10)
+        r.first_token("a", 10, d)
+        document = RequestFeatures(prompt_tokens=2100, max_tokens=10)  # fits `b` only
+        routed[bool(colocated)] = r.decide(document, SLO("s", ttft_ms=2000), NOW)
+    refused, taken = routed[True], routed[False]
+    assert isinstance(refused, Reject) and refused.reason is RejectReason.PROTECTS_RUNNING
+    assert "taking it on b" in refused.message
+    assert isinstance(taken, RouteTo) and taken.pool == "b"
+
+
+def _placed(pool: str, *devices: tuple[str, tuple[str, ...]]) -> PoolSnapshot:
+    placements = tuple(
+        (f"{pool}-{i}", Placement(node_id=node, gpu_ids=gpus))
+        for i, (node, gpus) in enumerate(devices)
+    )
+    return PoolSnapshot(pool, replicas=len(devices), updated_at=NOW, placements=placements)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "shared"),
+    [
+        ([("n1", ("0",))], [("n1", ("1",))], False),  # a GPU each
+        ([("n1", ("0",))], [("n1", ("0",))], True),  # half of one GPU each
+        ([("n1", ("0",)), ("n2", ("0",))], [("n2", ("0",))], True),  # one of a's replicas
+        ([("n1", ("0",))], [("n2", ("0",))], False),  # GPU 0 of two nodes
+        ([("n1", ())], [("n1", ())], True),  # one CPU
+        ([("n1", ())], [("n2", ())], False),
+    ],
+)
+def test_pools_share_a_device_where_their_replicas_report_one(
+    a: list[tuple[str, tuple[str, ...]]], b: list[tuple[str, tuple[str, ...]]], shared: bool
+) -> None:
+    r = Router({"a": 2048, "b": 2048}, RoutingConfig())
+    r.update({"a": _placed("a", *a), "b": _placed("b", *b)}, now=NOW)
+    assert r.sharing("a") == (["a", "b"] if shared else ["a"])
+    assert r.sharing("b") == (["a", "b"] if shared else ["b"])
+
+
+def test_configured_colocation_wins_over_where_replicas_run() -> None:
+    r = Router({"a": 2048, "b": 2048}, RoutingConfig(colocated=[]))
+    r.update({"a": _placed("a", ("n1", ("0",))), "b": _placed("b", ("n1", ("0",)))}, now=NOW)
+    assert r.sharing("a") == ["a"]
