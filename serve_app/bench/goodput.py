@@ -310,12 +310,17 @@ async def sweep(
                     slo_targets=salted.slo_classes,
                 )
                 await target.start()
+                started_at = time.time()  # wall clock: lines the run up with the servers' logs
                 try:
                     result = await run_workload(target, salted, MemoryProbe(), progress=False)
                 finally:
                     await target.stop()
                 row = record(result, policy, multiple, repeat, args.machine)
-                row |= {"started_idle": idle, "settle_s": round(settle_s, 1)}
+                row |= {
+                    "started_idle": idle,
+                    "settle_s": round(settle_s, 1),
+                    "started_at": round(started_at, 3),
+                }
                 records.append(row)
                 if rows_file is not None:
                     with rows_file.open("a") as f:

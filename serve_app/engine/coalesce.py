@@ -5,7 +5,10 @@ transport plus its own queue) and reports it per pool through the pool state boa
 the worst lag back to the pool's replicas with every report they make (4 times a second). A
 replica shrinks its message budget when consumers fall behind and grows it back while they keep
 up (additive increase, multiplicative decrease, like TCP's congestion window). With N streams
-open, each stream then sends at most one message per N / budget seconds (engine.replica).
+open, each stream then sends at most one message per N / budget seconds (engine.replica), but
+never waits longer than MAX_GAP_S: at the floor, 200 streams would each have waited 4 s, holding
+a whole completion back after its first token (on one H200 at 1.5x and 2x capacity, 2-4 s holds
+of every stream of a pool were most of the interactive TPOT misses: docs/results/goodput.md).
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ TARGET_LAG_MS = 10.0  # consumers this late or later: send fewer, larger message
 MIN_BUDGET = 50.0  # messages per second per replica, whatever the lag
 DECREASE = 0.7
 INCREASE = 0.1  # of the ceiling, per report without lag
+# The longest a stream is held between messages. A hold of g adds at most g to the stream's end,
+# g / (n - 1) to the TPOT of n tokens: 0.5 ms per token over 100, 20 updates a second on a page.
+MAX_GAP_S = 0.05
 
 
 @dataclass(slots=True)
@@ -38,4 +44,4 @@ class MessageBudget:
 
     def gap_s(self, streams: int) -> float:
         """How long a stream waits after a message before taking the next output."""
-        return streams / self.current
+        return min(streams / self.current, MAX_GAP_S)

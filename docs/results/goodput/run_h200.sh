@@ -7,7 +7,8 @@
 #   bash docs/results/goodput/run_h200.sh start    # start the app and the sweep, return at once
 #   bash docs/results/goodput/run_h200.sh collect  # copy what is there so far to $OUT
 # POLICIES names the policies (x-route-policy values), NAME the output stem; MULTIPLES,
-# REPEATS_AT and CAPACITY (req/s: no probe) narrow the sweep; CONFIG names another app config.
+# REPEATS_AT, EXTRA (repeats added there, 2) and CAPACITY (req/s: no probe) narrow the sweep;
+# CONFIG names another app config.
 # The app is stopped when the sweep ends, so another can start after it (`done` in $WORK).
 set -euo pipefail
 SITE=${SERVE_APP_SITE:-/tmp/site}
@@ -43,7 +44,7 @@ curl -s $URL/pools > $WORK/pools-start.json
 nvidia-smi --query-gpu=index,name,memory.used --format=csv > $WORK/gpus.txt
 python3 -m serve_app.bench.goodput --url $URL --workload workloads/slo-mix-gpu.yaml \
   --policies "$POLICIES" --probe-concurrency 256 --probe-s 15 $PROBE --multiples $MULTIPLES \
-  --repeats-at "$REPEATS_AT" --extra-repeats 2 --window-s 30 --drain-s 10 --machine "$MACHINE" \
+  --repeats-at "$REPEATS_AT" --extra-repeats ${EXTRA:-2} --window-s 30 --drain-s 10 --machine "$MACHINE" \
   --out $WORK --name $NAME --samples \
   > $WORK/bench.log 2>&1
 curl -s $URL/pools > $WORK/pools-end.json
