@@ -118,8 +118,8 @@ class PoolSpec(BaseModel):
         gt=0,
         description="Event budget of one replica's token streams. With N streams open, each "
         "takes its next output at most every N/budget seconds, carrying every token produced "
-        "since (the first token always goes at once); the budget shrinks while the ingress "
-        "falls behind. None: every engine step.",
+        "since (the first token always goes at once; no stream waits more than 50 ms); the "
+        "budget shrinks while the ingress falls behind. None: every engine step.",
     )
     stream_channel: bool = Field(
         True,
