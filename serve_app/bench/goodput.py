@@ -44,12 +44,15 @@ ATTAINMENT_GOAL = 0.9  # DistServe's goodput rate: the highest rate at which thi
 KEY_CLASS = "interactive"
 
 
-def calibration(samples: list[Sample]) -> dict[str, dict[str, float | int]]:
-    """Per pool: median |observed - predicted| TTFT and the p90 of observed / predicted."""
+def calibration(samples: list[Sample], by_class: bool = False) -> dict[str, dict[str, float | int]]:
+    """Per pool (`by_class`: per pool and SLO class, `pool/class`): median |observed -
+    predicted| TTFT and the p90 of observed / predicted. Per class, since one pool serves
+    requests of different shapes (documents, short chats) that a model may predict unevenly."""
     by_pool: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for s in samples:
         if s.ok and s.pool and s.ttft_ms is not None and s.predicted_ttft_ms:
-            by_pool[s.pool].append((s.ttft_ms, s.predicted_ttft_ms))
+            key = f"{s.pool}/{s.slo_class}" if by_class else s.pool
+            by_pool[key].append((s.ttft_ms, s.predicted_ttft_ms))
     out: dict[str, dict[str, float | int]] = {}
     for pool, pairs in sorted(by_pool.items()):
         ratios = [obs / pred for obs, pred in pairs]
@@ -115,6 +118,7 @@ def record(
         "ttft_ms": percentiles([s.ttft_ms for s in ok if s.ttft_ms is not None]),
         "tpot_ms": percentiles([t for s in ok if (t := s.tpot_ms) is not None]),
         "calibration": calibration(samples),
+        "calibration_by_class": calibration(samples, by_class=True),
         # per pool: where the first token's time went (the app's Server-Timing stages)
         "ttft_stages": {
             pool: b
@@ -411,7 +415,7 @@ def summarize(records: list[dict[str, Any]]) -> str:
         )
     lines += [
         "",
-        "Calibration of the SLO policy (predicted vs client-observed TTFT, per pool):",
+        "Calibration of the SLO policy (predicted vs client-observed TTFT, per pool and class):",
         "",
     ]
     lines += [
@@ -422,7 +426,8 @@ def summarize(records: list[dict[str, Any]]) -> str:
     for r in records:
         if not is_slo_policy(r["policy"]):
             continue
-        for pool, c in r["calibration"].items():
+        # per pool and class where the record has it (records before it: per pool)
+        for pool, c in r.get("calibration_by_class", r["calibration"]).items():
             lines.append(
                 f"| {r['policy']} | {r['multiple']:g} | {r['repeat']} | {pool} | {c['n']} | "
                 f"{c['median_abs_error_ms']:.1f} | {c['median_observed_over_predicted']:.2f} | "

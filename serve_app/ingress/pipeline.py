@@ -180,16 +180,17 @@ class Routed:
             stages[Stage.RETURN] = elapsed_ms(chunk.sent_at, time.time())
         stages[TTFT] = elapsed_ms(self.started, now)
 
-    def learned_ttft(self) -> tuple[float, float | None]:
+    def learned_ttft(self) -> tuple[float, float | None, float | None]:
         """What routing learns from: the TTFT since the proxy received the request (where it
-        said when), and the part of it outside the engine's queue and prefill (when the engine
-        said how long those took)."""
+        said when), the part of it outside the engine's queue and prefill, and its time in the
+        engine's queue (those two when the engine said how long its stages took)."""
         ttft_ms = elapsed_ms(self.started, self.first_at)
         stages = self.stages or {}
         ttft_ms += stages.get(Stage.PROXY, 0.0)
         if Stage.QUEUE in stages and Stage.PREFILL in stages:
-            return ttft_ms, max(0.0, ttft_ms - stages[Stage.QUEUE] - stages[Stage.PREFILL])
-        return ttft_ms, None
+            queue_ms = stages[Stage.QUEUE]
+            return ttft_ms, max(0.0, ttft_ms - queue_ms - stages[Stage.PREFILL]), queue_ms
+        return ttft_ms, None, None
 
 
 def _failed_replica(e: BaseException) -> str:
@@ -340,7 +341,7 @@ class RequestPipeline:
         out: dict[str, object] = {}
         now = time.time()
         for view in self._router.views(now):
-            ttft_factor, tpot_factor = view.model.factors(now)  # as routing uses them now
+            factors = view.model.factors(now)  # as routing uses them now
             snap = self._router.snapshots[view.name]
             channels = self._channels.open_to(view.name)
             out[view.name] = {
@@ -352,8 +353,9 @@ class RequestPipeline:
                 "kv_cache_usage": snap.kv_cache_usage,
                 "prefix_cache_hit_rate": snap.prefix_cache_hit_rate,
                 "max_model_len": view.max_model_len,
-                "ttft_factor": ttft_factor,
-                "tpot_factor": tpot_factor,
+                "ttft_factor": factors.ttft,
+                "wait_factor": factors.wait,
+                "tpot_factor": factors.tpot,
                 "path_ms": view.model.path(now),
                 "decode_slack_ms": view.decode_slack_ms,  # theirs and their device-mates'
                 "shares_device_with": [
@@ -686,10 +688,17 @@ class RequestPipeline:
                             max(1, chunk.completion_tokens),
                         )
                     self._router.first_token(routed.pool, routed.prompt_tokens, routed.decoding)
-                    ttft_ms, path_ms = routed.learned_ttft()
+                    ttft_ms, path_ms, queue_ms = routed.learned_ttft()
                     # learn at once: in a burst, completions come too late to correct admission
                     self._router.learn(
-                        routed.pool, routed.prompt_tokens, routed.load, ttft_ms, None, None, path_ms
+                        routed.pool,
+                        routed.prompt_tokens,
+                        routed.load,
+                        ttft_ms,
+                        None,
+                        None,
+                        path_ms,
+                        queue_ms,
                     )
                 elif routed.decoding is not None:
                     routed.decoding.advance(chunk.completion_tokens, time.time())

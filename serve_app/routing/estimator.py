@@ -1,10 +1,11 @@
-"""Latency prediction per pool: the serving path's measured delay, plus prefill-token queueing
-and decode load times learned factors.
+"""Latency prediction per pool: the serving path's measured delay, plus the wait behind the
+pool's queue and the request's own prefill, each times a learned factor.
 
     ttft_ms = path_ms
-              + (ttft_base + ms_per_prefill_token * (queued_tokens + prompt_tokens)
-                 + ttft_per_waiting_request * waiting + ttft_per_running_request * running)
-                * ttft_factor
+              + (ms_per_prefill_token * queued_tokens + ttft_per_waiting_request * waiting)
+                * wait_factor
+              + (ttft_base + ms_per_prefill_token * prompt_tokens
+                 + ttft_per_running_request * running) * ttft_factor
     tpot_ms = (tpot_base + tpot_per_running_request * (running + 1)
                + tpot_per_prefill_token * min(queued_tokens, step_tokens)) * tpot_factor
 
@@ -18,9 +19,17 @@ Each request's measured TTFT (at its first token) and TPOT (at its end) move the
 towards measured / unscaled prediction by an exponentially weighted average. When the request's
 TTFT breakdown is known (serve_app/timing.py), its time outside the engine's queue and prefill
 (Serve's proxy, the ingress, the hops to and from the replica, the engine's input and output
-processing) is learned apart, as `path_ms`, and the factor from the engine's part alone: a
+processing) is learned apart, as `path_ms`, and the factors from the engine's part alone: a
 serving path slowed by load (a proxy or replica event loop at its limit, requests held for a
-replica slot) then shows in every prediction at once, whatever the request's length. Without
+replica slot) then shows in every prediction at once, whatever the request's length. The
+engine's part splits again, by vLLM's own timestamps: its time in the scheduler's queue teaches
+`wait_factor` (against the predicted wait behind the queued prompt tokens and requests) and its
+prefill `ttft_factor` (against its own prefill). One factor over both could not fit two shapes
+of request on one pool: on one H200 the documents' own prefill (7,000 tokens) ran faster than
+the measured prefill rate says while the queue ahead ran slower (the queue counted from this
+ingress and a board a few hundred ms old, the engine sharing its GPU), so the shared factor
+settled between them and short interactive requests queued behind documents saw 1.6x their
+predicted TTFT at the median (docs/results/goodput.md). Without
 new measurements the factors relax back to 1 (the prior) and the path delay to 0 with a
 half-life, so one stall cannot keep a pool's predictions high, and its traffic refused, after
 the stall has passed. The path delay relaxes faster than the factors: it is the part of a TTFT
@@ -45,10 +54,13 @@ import statistics
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from serve_app.routing.config import LatencyPrior
 
 _FACTOR_BOUNDS = (0.02, 50.0)
+# A predicted wait shorter than this teaches the wait factor nothing (a ratio of noise to ~0)
+_MIN_WAIT_MS = 1.0
 DEFAULT_HALF_LIFE_S = 10.0
 DEFAULT_PATH_HALF_LIFE_S = 2.0
 DEFAULT_STEP_TOKENS = 2048  # vLLM's token budget per step when a profile sets none
@@ -69,11 +81,18 @@ class Load:
     running: float = 0.0
 
 
+class Factors(NamedTuple):
+    ttft: float  # the request's own engine work: the base, its prefill, the running batch
+    wait: float  # its wait in the engine's queue, behind queued prompt tokens and requests
+    tpot: float
+
+
 @dataclass(frozen=True, slots=True)
 class LatencyModel:
     prior: LatencyPrior
     ttft_factor: float = 1.0
     tpot_factor: float = 1.0
+    wait_factor: float = 1.0
     path_ms: float = 0.0  # learned time of the serving path outside the engine's queue, prefill
     learned_at: float = 0.0  # when the factors last moved (time.time())
     half_life_s: float = DEFAULT_HALF_LIFE_S
@@ -97,23 +116,40 @@ class LatencyModel:
         age = max(0.0, now - self.learned_at)
         return 0.5 ** (age / half_life_s) if half_life_s > 0 else 1.0
 
-    def factors(self, now: float) -> tuple[float, float]:
+    def factors(self, now: float) -> Factors:
         """The learned factors as of `now`: relaxed towards 1 by the time since they last moved."""
         keep = self._keep(now, self.half_life_s)
-        return 1 + (self.ttft_factor - 1) * keep, 1 + (self.tpot_factor - 1) * keep
+        return Factors(
+            1 + (self.ttft_factor - 1) * keep,
+            1 + (self.wait_factor - 1) * keep,
+            1 + (self.tpot_factor - 1) * keep,
+        )
 
     def path(self, now: float) -> float:
         """The learned path delay as of `now`, relaxed towards 0 (its own half-life)."""
         return self.path_ms * self._keep(now, self.path_half_life_s)
 
+    def _own_ms(self, prompt_tokens: int, load: Load) -> float:
+        """Unscaled TTFT of the request's own engine work: its prefill beside the running batch."""
+        p = self.prior
+        return (
+            p.ttft_base_ms
+            + self.ms_per_prefill_token * prompt_tokens
+            + p.ttft_ms_per_running_request * load.running
+        )
+
+    def _wait_ms(self, load: Load) -> float:
+        """Unscaled wait in the engine's queue, behind the prompt tokens and requests there."""
+        return (
+            self.ms_per_prefill_token * load.queued_tokens
+            + self.prior.ttft_ms_per_waiting_request * load.waiting
+        )
+
     def unscaled(self, prompt_tokens: int, load: Load) -> Prediction:
         """The prediction from the prior (with the measured prefill rate), no learned factor."""
         p = self.prior
         return Prediction(
-            ttft_ms=p.ttft_base_ms
-            + self.ms_per_prefill_token * (load.queued_tokens + prompt_tokens)
-            + p.ttft_ms_per_waiting_request * load.waiting
-            + p.ttft_ms_per_running_request * load.running,
+            ttft_ms=self._own_ms(prompt_tokens, load) + self._wait_ms(load),
             tpot_ms=p.tpot_base_ms
             + p.tpot_ms_per_running_request * (load.running + 1)
             + p.tpot_ms_per_prefill_token * min(load.queued_tokens, self.step_tokens),
@@ -121,9 +157,13 @@ class LatencyModel:
 
     def predict(self, prompt_tokens: int, load: Load, now: float) -> Prediction:
         """Latency of a new request given the per-replica load."""
-        raw = self.unscaled(prompt_tokens, load)
-        ttft_factor, tpot_factor = self.factors(now)
-        return Prediction(self.path(now) + raw.ttft_ms * ttft_factor, raw.tpot_ms * tpot_factor)
+        f = self.factors(now)
+        ttft_ms = (
+            self.path(now)
+            + self._own_ms(prompt_tokens, load) * f.ttft
+            + self._wait_ms(load) * f.wait
+        )
+        return Prediction(ttft_ms, self.unscaled(prompt_tokens, load).tpot_ms * f.tpot)
 
     def learn(
         self,
@@ -134,25 +174,41 @@ class LatencyModel:
         rate: float,
         now: float,
         path_ms: float | None = None,
+        queue_ms: float | None = None,
     ) -> LatencyModel:
         """The model after one measurement, taken with the load seen when the request was routed.
 
         `path_ms`: the part of `ttft_ms` spent outside the engine's queue and prefill, when the
-        request's breakdown says; the factor then learns from the rest.
+        request's breakdown says; the factors then learn from the rest. `queue_ms`: of that
+        rest, the time in the engine's queue (the remainder is the request's own prefill).
         """
         raw = self.unscaled(prompt_tokens, load)
-        ttft_factor, tpot_factor = self.factors(now)
+        own_ms, wait_ms = self._own_ms(prompt_tokens, load), self._wait_ms(load)
+        ttft_factor, wait_factor, tpot_factor = self.factors(now)
         path = self.path(now)
         if ttft_ms is not None and raw.ttft_ms > 0:
             engine_ms = ttft_ms
             if path_ms is not None:
                 path = (1 - rate) * path + rate * max(0.0, path_ms)
                 engine_ms = max(0.0, ttft_ms - path_ms)
-            ttft_factor = _ewma(ttft_factor, engine_ms / raw.ttft_ms, rate)
+            if path_ms is None or queue_ms is None:  # no split: both learn the whole
+                ttft_factor = _ewma(ttft_factor, engine_ms / raw.ttft_ms, rate)
+                wait_factor = _ewma(wait_factor, engine_ms / raw.ttft_ms, rate)
+            elif wait_ms < _MIN_WAIT_MS:  # nothing was predicted to be ahead: all its own
+                ttft_factor = _ewma(ttft_factor, engine_ms / own_ms, rate)
+            elif own_ms > 0:
+                queue_ms = min(max(0.0, queue_ms), engine_ms)
+                wait_factor = _ewma(wait_factor, queue_ms / wait_ms, rate)
+                ttft_factor = _ewma(ttft_factor, (engine_ms - queue_ms) / own_ms, rate)
         if tpot_ms is not None and raw.tpot_ms > 0:
             tpot_factor = _ewma(tpot_factor, tpot_ms / raw.tpot_ms, rate)
         return replace(
-            self, ttft_factor=ttft_factor, tpot_factor=tpot_factor, path_ms=path, learned_at=now
+            self,
+            ttft_factor=ttft_factor,
+            wait_factor=wait_factor,
+            tpot_factor=tpot_factor,
+            path_ms=path,
+            learned_at=now,
         )
 
 

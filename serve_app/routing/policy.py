@@ -184,8 +184,7 @@ def _retry_after_s(
 ) -> float:
     """Time for the pool's queue to shrink until the TTFT target could be met."""
     load = pool.load
-    ttft_factor, _ = pool.model.factors(now)
-    per_request_ms = pool.model.prior.ttft_ms_per_waiting_request * ttft_factor
+    per_request_ms = pool.model.prior.ttft_ms_per_waiting_request * pool.model.factors(now).wait
     excess_ms = pred.ttft_ms - (slo.ttft_ms or pred.ttft_ms)
     drain_ms = max(excess_ms, (load.waiting - config.max_waiting_per_replica + 1) * per_request_ms)
     return max(1.0, math.ceil(drain_ms / 1000.0))

@@ -217,10 +217,18 @@ class Router:
         tpot_ms: float | None,
         now: float | None = None,
         path_ms: float | None = None,
+        queue_ms: float | None = None,
     ) -> None:
         now = time.time() if now is None else now
         self._models[pool] = self._models[pool].learn(
-            prompt_tokens, load, ttft_ms, tpot_ms, self._config.learning_rate, now, path_ms
+            prompt_tokens,
+            load,
+            ttft_ms,
+            tpot_ms,
+            self._config.learning_rate,
+            now,
+            path_ms,
+            queue_ms,
         )
 
     def model(self, pool: str) -> LatencyModel:

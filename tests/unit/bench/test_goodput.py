@@ -137,6 +137,10 @@ def test_calibration_compares_predicted_and_observed_ttft_per_pool() -> None:
     assert cal["a"]["n"] == 10
     assert cal["a"]["median_abs_error_ms"] == 45.0  # |obs - 50| over 0, 10, ..., 90
     assert cal["b"]["median_observed_over_predicted"] == 0.5
+    samples.append(sample(11, "standard", 100.0, pool="b"))
+    by_class = calibration(samples, by_class=True)
+    assert sorted(by_class) == ["a/interactive", "b/interactive", "b/standard"]
+    assert by_class["b/standard"]["median_observed_over_predicted"] == 2.0
 
 
 def row(policy: str, multiple: float, goodput: float, admitted: float = 1.0) -> dict[str, object]:

@@ -75,9 +75,10 @@ def test_routing_learns_from_the_proxy_on_and_the_path_outside_the_engine() -> N
     r = routed({}, proxy=4.0)
     remote = {Stage.QUEUE: 3.0, Stage.PREFILL: 9.0}
     r.first_chunk(StreamChunk("a", 1, 1, 10, stages=remote), now=100.020)
-    ttft, path = r.learned_ttft()
+    ttft, path, queue = r.learned_ttft()
     assert ttft == pytest.approx(24.0, abs=0.01)  # 20 at the ingress + 4 in the proxy
     assert path == pytest.approx(12.0, abs=0.01)  # all but the engine's 3 + 9
+    assert queue == 3.0
     untimed = routed(None)
     untimed.first_chunk(StreamChunk("a", 1, 1, 10, stages=remote), now=100.020)
-    assert untimed.learned_ttft() == (pytest.approx(20.0, abs=0.01), None)
+    assert untimed.learned_ttft() == (pytest.approx(20.0, abs=0.01), None, None)

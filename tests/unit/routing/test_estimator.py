@@ -1,8 +1,10 @@
-"""Decode slack: how much more delay a streaming request can take and still meet its TPOT."""
+"""The latency model's learning, and decode slack: how much more delay a streaming request can
+take and still meet its TPOT."""
 
 import pytest
 
-from serve_app.routing.estimator import Decoding, decode_slack_ms
+from serve_app.routing.config import LatencyPrior
+from serve_app.routing.estimator import Decoding, LatencyModel, Load, decode_slack_ms
 
 T0 = 1000.0
 
@@ -67,3 +69,55 @@ def test_a_chunk_of_several_tokens_counts_its_gap_per_token() -> None:
     d.advance(7, T0 + 0.12)
     assert list(d.gaps_ms) == pytest.approx([20.0, 20.0])
     assert d.tokens == 7
+
+
+# The pool's measured prefill rate: 0.02 ms a token (50k tokens/s)
+RATED = LatencyModel(
+    LatencyPrior(ttft_base_ms=20, ttft_ms_per_waiting_request=1, ttft_ms_per_running_request=0),
+    measured_ms_per_token=0.02,
+)
+
+
+def _engine(prompt_tokens: int, load: Load) -> tuple[float, float]:
+    """The engine of the H200 sweep, as its timestamps told it: a document's own prefill ran 4x
+    faster than the pool's measured rate, the queue ahead 1.5x slower (queue, prefill) ms."""
+    queue_ms = 1.5 * 0.02 * load.queued_tokens
+    prefill_ms = 0.25 * (20 + 0.02 * prompt_tokens)
+    return queue_ms, prefill_ms
+
+
+def test_the_wait_in_the_queue_and_the_own_prefill_are_learned_apart() -> None:
+    """Documents (7,000 tokens) and short interactive requests on one pool: one factor over the
+    whole engine time settles between the two shapes and predicts a short request behind a
+    queue of documents too low (1.6x at the median on one H200). Learned apart, by the engine's
+    queue and prefill timestamps, each shape is predicted as the engine runs it."""
+    model = RATED
+    path_ms = 10.0
+    for i in range(200):
+        prompt, load = (7000, Load(queued_tokens=14_000)) if i % 3 else (200, Load())
+        queue_ms, prefill_ms = _engine(prompt, load)
+        ttft_ms = path_ms + queue_ms + prefill_ms
+        model = model.learn(prompt, load, ttft_ms, None, 0.2, T0, path_ms, queue_ms)
+    short_behind_docs = Load(queued_tokens=14_000)
+    queue_ms, prefill_ms = _engine(200, short_behind_docs)
+    truth = path_ms + queue_ms + prefill_ms
+    assert model.predict(200, short_behind_docs, T0).ttft_ms == pytest.approx(truth, rel=0.02)
+    doc_truth = path_ms + sum(_engine(7000, short_behind_docs))
+    assert model.predict(7000, short_behind_docs, T0).ttft_ms == pytest.approx(doc_truth, rel=0.02)
+    assert model.factors(T0).wait == pytest.approx(1.5, rel=0.01)
+    assert model.factors(T0).ttft == pytest.approx(0.25, rel=0.01)
+
+
+def test_a_wait_nobody_predicted_is_the_request_s_own() -> None:
+    """An empty queue predicts no wait, so a time in the queue cannot teach the wait factor
+    (a ratio to nothing): it counts as the request's own engine time."""
+    model = RATED.learn(200, Load(), 100.0, None, 1.0, T0, path_ms=10.0, queue_ms=30.0)
+    assert model.factors(T0).wait == 1.0
+    own = 20 + 0.02 * 200
+    assert model.factors(T0).ttft == pytest.approx(90 / own)
+
+
+def test_without_the_engine_s_stages_both_factors_learn_the_whole() -> None:
+    model = RATED.learn(200, Load(queued_tokens=1000), 96.0, None, 1.0, T0)
+    raw = RATED.unscaled(200, Load(queued_tokens=1000)).ttft_ms
+    assert model.factors(T0).ttft == model.factors(T0).wait == pytest.approx(96 / raw)
