@@ -107,7 +107,7 @@ class RoutingConfig(BaseModel):
         "half-life; shorter than the factors', as that delay ends with the load that caused it.",
     )
     placement: Placement = Field(
-        Placement.BEST_FIT,
+        Placement.HEADROOM,
         description="Which pool takes a request when several meet its SLO with margin.",
     )
     max_held: int = Field(

@@ -16,9 +16,9 @@
    requests streaming there, or on a pool sharing its device, that can still meet their TPOT
    target (routing/estimator.py): a request that would make them miss is not theirs to take.
 5. Among unsaturated pools that protect their running requests and whose ratio is at most
-   `fit_margin`, the configured placement picks: **best fit** (the default, see README: highest
-   ratio, the slowest pool that still fits, keeping fast pools free), **headroom** (lowest
-   ratio: most room before a miss), or **least load** (fewest requests per replica). If the
+   `fit_margin`, the configured placement picks: **headroom** (the default, see README: lowest
+   ratio, most room before a miss), **best fit** (highest ratio: the slowest pool that still
+   fits, keeping fast pools free), or **least load** (fewest requests per replica). If the
    pick over all pools was saturated, the reason is `spillover`. Pools that meet the SLO only
    without margin come next (lowest ratio first).
    Requests without targets go to the pool predicted to finish them soonest (one that protects
