@@ -14,7 +14,7 @@ set -euo pipefail
 SITE=${SERVE_APP_SITE:-/tmp/site}
 WORK=${GOODPUT_WORK:-/tmp/goodput}
 GPUS=${GPUS:-2}
-NAME=${NAME:-h200}
+NAME=${NAME:-$(cat "$WORK/name" 2>/dev/null || echo h200)}  # collect: the stem start was given
 POLICIES=${POLICIES:-slo,round-robin,least-load,single=throughput}
 MULTIPLES=${MULTIPLES:-0.5,1,1.5,2}
 REPEATS_AT=${REPEATS_AT-1,2}
@@ -25,6 +25,7 @@ URL=http://127.0.0.1:8000
 case "${1:-}" in
 start)
   mkdir -p "$WORK"
+  echo "$NAME" > "$WORK/name"
   if [ "$GPUS" = 1 ]; then
     MACHINE="one H200, 16 cores"
     source "$SITE/env.sh"
