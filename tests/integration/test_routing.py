@@ -48,7 +48,12 @@ def test_tight_ttft_goes_to_low_latency_while_throughput_is_busy(app_server: App
             {"x-slo-ttft-ms": "100", "x-slo-tpot-ms": "200"},
         )
         long_statuses = [f.result().status_code for f in futures]
+        # each ingress replica answers /pools with what it learned itself: ask several times
+        learned = [c.get("/pools").json()["throughput"] for _ in range(10)]
     assert busy["waiting"] >= 3, busy
+    # the requests that queued taught the wait in vLLM's queue apart from their own prefill
+    # (one factor over both would have moved the two alike)
+    assert any(p["wait_factor"] != p["ttft_factor"] for p in learned), learned
     assert tight.status_code == 200, tight.text
     assert tight.headers["x-serve-pool"] == "low-latency"
     assert tight.headers["x-route-reason"] in ("slo-fit", "slo-tight", "spillover")
