@@ -145,14 +145,19 @@ class LatencyModel:
             + self.prior.ttft_ms_per_waiting_request * load.waiting
         )
 
+    def _tpot_ms(self, load: Load) -> float:
+        """Unscaled TPOT: the batch it decodes in, and the prefill sharing its steps."""
+        p = self.prior
+        return (
+            p.tpot_base_ms
+            + p.tpot_ms_per_running_request * (load.running + 1)
+            + p.tpot_ms_per_prefill_token * min(load.queued_tokens, self.step_tokens)
+        )
+
     def unscaled(self, prompt_tokens: int, load: Load) -> Prediction:
         """The prediction from the prior (with the measured prefill rate), no learned factor."""
-        p = self.prior
         return Prediction(
-            ttft_ms=self._own_ms(prompt_tokens, load) + self._wait_ms(load),
-            tpot_ms=p.tpot_base_ms
-            + p.tpot_ms_per_running_request * (load.running + 1)
-            + p.tpot_ms_per_prefill_token * min(load.queued_tokens, self.step_tokens),
+            self._own_ms(prompt_tokens, load) + self._wait_ms(load), self._tpot_ms(load)
         )
 
     def predict(self, prompt_tokens: int, load: Load, now: float) -> Prediction:
@@ -163,7 +168,7 @@ class LatencyModel:
             + self._own_ms(prompt_tokens, load) * f.ttft
             + self._wait_ms(load) * f.wait
         )
-        return Prediction(ttft_ms, self.unscaled(prompt_tokens, load).tpot_ms * f.tpot)
+        return Prediction(ttft_ms, self._tpot_ms(load) * f.tpot)
 
     def learn(
         self,
@@ -182,26 +187,29 @@ class LatencyModel:
         request's breakdown says; the factors then learn from the rest. `queue_ms`: of that
         rest, the time in the engine's queue (the remainder is the request's own prefill).
         """
-        raw = self.unscaled(prompt_tokens, load)
         own_ms, wait_ms = self._own_ms(prompt_tokens, load), self._wait_ms(load)
+        raw_tpot_ms = self._tpot_ms(load)
         ttft_factor, wait_factor, tpot_factor = self.factors(now)
         path = self.path(now)
-        if ttft_ms is not None and raw.ttft_ms > 0:
+        if ttft_ms is not None and own_ms + wait_ms > 0:
             engine_ms = ttft_ms
             if path_ms is not None:
                 path = (1 - rate) * path + rate * max(0.0, path_ms)
                 engine_ms = max(0.0, ttft_ms - path_ms)
             if path_ms is None or queue_ms is None:  # no split: both learn the whole
-                ttft_factor = _ewma(ttft_factor, engine_ms / raw.ttft_ms, rate)
-                wait_factor = _ewma(wait_factor, engine_ms / raw.ttft_ms, rate)
+                whole = engine_ms / (own_ms + wait_ms)
+                ttft_factor, wait_factor = (
+                    _ewma(ttft_factor, whole, rate),
+                    _ewma(wait_factor, whole, rate),
+                )
             elif wait_ms < _MIN_WAIT_MS:  # nothing was predicted to be ahead: all its own
                 ttft_factor = _ewma(ttft_factor, engine_ms / own_ms, rate)
             elif own_ms > 0:
                 queue_ms = min(max(0.0, queue_ms), engine_ms)
                 wait_factor = _ewma(wait_factor, queue_ms / wait_ms, rate)
                 ttft_factor = _ewma(ttft_factor, (engine_ms - queue_ms) / own_ms, rate)
-        if tpot_ms is not None and raw.tpot_ms > 0:
-            tpot_factor = _ewma(tpot_factor, tpot_ms / raw.tpot_ms, rate)
+        if tpot_ms is not None and raw_tpot_ms > 0:
+            tpot_factor = _ewma(tpot_factor, tpot_ms / raw_tpot_ms, rate)
         return replace(
             self,
             ttft_factor=ttft_factor,
