@@ -202,7 +202,7 @@ class LatencyModel:
                     _ewma(ttft_factor, whole, rate),
                     _ewma(wait_factor, whole, rate),
                 )
-            elif wait_ms < _MIN_WAIT_MS:  # nothing was predicted to be ahead: all its own
+            elif wait_ms < _MIN_WAIT_MS and own_ms > 0:  # nothing predicted ahead: all its own
                 ttft_factor = _ewma(ttft_factor, engine_ms / own_ms, rate)
             elif own_ms > 0:
                 queue_ms = min(max(0.0, queue_ms), engine_ms)

@@ -121,3 +121,11 @@ def test_without_the_engine_s_stages_both_factors_learn_the_whole() -> None:
     model = RATED.learn(200, Load(queued_tokens=1000), 96.0, None, 1.0, T0)
     raw = RATED.unscaled(200, Load(queued_tokens=1000)).ttft_ms
     assert model.factors(T0).ttft == model.factors(T0).wait == pytest.approx(96 / raw)
+
+
+def test_a_model_that_predicts_no_own_time_learns_nothing_from_the_split() -> None:
+    """A prior with no base and no per-token cost predicts 0 ms of the request's own work: a
+    measurement cannot scale that (no division by zero), and the model stays as it was."""
+    free = LatencyModel(LatencyPrior(ttft_base_ms=0, ttft_ms_per_prompt_token=0))
+    learned = free.learn(10, Load(waiting=0.25), 50.0, None, 1.0, T0, path_ms=10.0, queue_ms=5.0)
+    assert learned.factors(T0) == free.factors(T0)
