@@ -26,6 +26,7 @@ from serve_app.engine.prefill import PrefillMeter, RecentRate
 from serve_app.engine.protocol import (
     BoardReply,
     Engine,
+    EngineDeadError,
     EngineStats,
     GenerationRequest,
     Placement,
@@ -89,6 +90,9 @@ class EngineReplica:
             self._replica_id = f"local-{profile.name}-{id(self)}"
         self._placement = _placement()
         self._channels = Channels(self._replica_id)
+        # generate() calls in flight, and why the engine is dead once it is: they all fail then
+        self._inflight: set[asyncio.Task[Any]] = set()
+        self._dead: str | None = None
         started = time.monotonic()
         await asyncio.wait_for(self._engine.start(), ENGINE_START_TIMEOUT_S)
         logger.info(
@@ -113,10 +117,15 @@ class EngineReplica:
         go on the channel, together with the other streams', and this call yields nothing: it
         ends when the request does (or raises, as without a channel).
         """
+        if self._dead is not None:
+            raise EngineDeadError(self._dead)
         received = time.time()
         started = time.perf_counter()
         first_at: float | None = None
         last: StreamChunk | None = None
+        task = asyncio.current_task()
+        if task is not None:
+            self._inflight.add(task)
         self._streams += 1
         prompt_tokens = request.prompt_tokens
         self._arrivals.add()
@@ -143,7 +152,17 @@ class EngineReplica:
                         await asyncio.sleep(gap_s)
             if channel is not None and channel.open:
                 channel.put(request.request_id, None)  # the stream's end
+        except EngineDeadError as e:
+            self._engine_died(str(e))
+            raise
+        except asyncio.CancelledError:
+            if task is None or self._dead is None or not task.cancelling():
+                raise
+            # cancelled by _engine_died (or its caller left as the engine died): fail as dead
+            task.uncancel()
+            raise EngineDeadError(self._dead) from None
         finally:
+            self._inflight.discard(task)  # type: ignore[arg-type]
             self._streams -= 1
             if channel is not None:
                 channel.streams -= 1
@@ -172,7 +191,30 @@ class EngineReplica:
         }
 
     async def check_health(self) -> None:
-        await self._engine.check_health()
+        try:
+            await self._engine.check_health()
+        except EngineDeadError as e:
+            self._engine_died(str(e))
+            raise
+
+    def _engine_died(self, why: str) -> None:
+        """The engine is dead: every request still here fails now, as the first to see it did.
+        vLLM fails the requests it holds, but not one that reached it as it died (added after
+        its output loop had failed the others), nor one still on its way in: without this they
+        would wait until Serve stops the replica, several health checks later."""
+        if self._dead is not None:
+            return
+        self._dead = why or "the engine died"
+        current = asyncio.current_task()
+        stuck = [t for t in self._inflight if t is not current and not t.done()]
+        logger.error(
+            "pool %s: engine dead (%s); failing %d requests",
+            self._profile.name,
+            self._dead,
+            len(stuck),
+        )
+        for t in stuck:
+            t.cancel()
 
     def report(self) -> ReplicaReport:
         return ReplicaReport(
@@ -191,6 +233,8 @@ class EngineReplica:
     async def _report_forever(self) -> None:
         while True:
             report = self.report()
+            if not report.stats.healthy:
+                self._engine_died("the engine is not running")
             self._metrics.update(report.stats)
             if self._board is not None:
                 try:

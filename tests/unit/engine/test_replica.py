@@ -1,5 +1,6 @@
 """The replica's own logic (latency bookkeeping, stats, health) with a scripted engine."""
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 
@@ -112,6 +113,69 @@ async def test_health_check_fails_when_the_engine_is_dead() -> None:
     engine.dead = True
     with pytest.raises(EngineDeadError):
         await replica.check_health()
+
+
+class DyingEngine(ScriptedEngine):
+    """Dies under its requests: "stuck" never gets an answer (it reached the engine as it
+    died), every other request sees the death."""
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[StreamChunk]:
+        yield StreamChunk("a", 1, 1, len(request.prompt_token_ids))
+        if request.request_id == "stuck":
+            await asyncio.Event().wait()
+        self.dead = True
+        raise EngineDeadError("engine core gone")
+
+
+async def test_a_dead_engine_fails_every_request_on_the_replica_at_once() -> None:
+    replica, _ = await make_replica()
+    dying = DyingEngine(PROFILE)
+    replica._engine = dying
+
+    async def drain(request_id: str) -> list[StreamChunk]:
+        return [c async for c in replica.generate(GenerationRequest(request_id, [1], 4))]
+
+    stuck = asyncio.create_task(drain("stuck"))
+    await asyncio.sleep(0.01)  # it has its first chunk and waits on the engine
+    with pytest.raises(EngineDeadError, match="engine core gone"):
+        await drain("sees-it")
+    with pytest.raises(EngineDeadError, match="engine core gone"):
+        await asyncio.wait_for(stuck, 1)
+    with pytest.raises(EngineDeadError):  # and nothing new reaches the dead engine
+        await drain("later")
+    assert replica._inflight == set()
+
+
+async def test_a_dead_engine_seen_by_the_health_check_fails_the_requests_waiting_on_it() -> None:
+    replica, _ = await make_replica()
+    dying = DyingEngine(PROFILE)
+    replica._engine = dying
+
+    async def drain() -> list[StreamChunk]:
+        return [c async for c in replica.generate(GenerationRequest("stuck", [1], 4))]
+
+    stuck = asyncio.create_task(drain())
+    await asyncio.sleep(0.01)
+    dying.dead = True
+    with pytest.raises(EngineDeadError):
+        await replica.check_health()
+    with pytest.raises(EngineDeadError):
+        await asyncio.wait_for(stuck, 1)
+
+
+async def test_a_request_whose_caller_left_is_cancelled_not_failed() -> None:
+    replica, _ = await make_replica()
+    replica._engine = DyingEngine(PROFILE)
+
+    async def drain() -> list[StreamChunk]:
+        return [c async for c in replica.generate(GenerationRequest("stuck", [1], 4))]
+
+    stuck = asyncio.create_task(drain())
+    await asyncio.sleep(0.01)
+    stuck.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stuck
+    assert replica._inflight == set()
 
 
 class MergingEngine(ScriptedEngine):
