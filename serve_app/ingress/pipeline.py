@@ -47,7 +47,7 @@ from serve_app.ingress.metrics import IngressMetrics, Outcome, outcome_of
 from serve_app.ingress.schemas import Extensions
 from serve_app.ingress.truncation import TRUNCATED_HEADER
 from serve_app.routing.config import Policy
-from serve_app.routing.estimator import Decoding, Load
+from serve_app.routing.estimator import Decoding, Load, Queued
 from serve_app.routing.policy import Decision, Reject, RejectReason, RequestFeatures, RouteTo
 from serve_app.routing.router import Router
 from serve_app.routing.slo import (
@@ -146,7 +146,9 @@ class Routed:
     truncated: int | None = None  # prompt tokens cut, when the request asked for truncation
     max_tokens: int = 0  # the completion length routing predicted for
     predicted_tpot_ms: float = 0.0
-    decoding: Decoding | None = None  # from its first token, when its SLO sets a TPOT target
+    # until its first token, then from it on, when its SLO sets a TPOT target
+    queued: Queued | None = None
+    decoding: Decoding | None = None
 
     @property
     def headers(self) -> dict[str, str]:
@@ -358,6 +360,7 @@ class RequestPipeline:
                 "tpot_factor": factors.tpot,
                 "path_ms": view.model.path(now),
                 "decode_slack_ms": view.decode_slack_ms,  # theirs and their device-mates'
+                "queued_slack_ms": view.queued_slack_ms,
                 "shares_device_with": [
                     p for p in self._router.sharing(view.name) if p != view.name
                 ],
@@ -601,7 +604,14 @@ class RequestPipeline:
                 api=call,
                 channel=self._channels.ingress_id if carried else "",
             )
-            self._router.dispatched(routed.pool, routed.prompt_tokens)
+            if routed.slo.tpot_ms is not None:
+                routed.queued = Queued(
+                    routed.slo.tpot_ms,
+                    routed.max_tokens,
+                    routed.predicted_tpot_ms,
+                    routed.prompt_tokens,
+                )
+            self._router.dispatched(routed.pool, routed.prompt_tokens, routed.queued)
             own = self._pools[routed.pool].generate.remote(gen)
             stream = self._channels.stream(routed.request_id, own, carried)
             chunks = self._track(routed, stream)
@@ -687,7 +697,9 @@ class RequestPipeline:
                             time.time(),
                             max(1, chunk.completion_tokens),
                         )
-                    self._router.first_token(routed.pool, routed.prompt_tokens, routed.decoding)
+                    self._router.first_token(
+                        routed.pool, routed.prompt_tokens, routed.decoding, routed.queued
+                    )
                     ttft_ms, path_ms, queue_ms = routed.learned_ttft()
                     # learn at once: in a burst, completions come too late to correct admission
                     self._router.learn(
@@ -713,6 +725,7 @@ class RequestPipeline:
                 routed.prompt_tokens,
                 got_first_token=first_at is not None,
                 decoding=routed.decoding,
+                queued=routed.queued,
             )
             if first_at is not None and last is not None and last.finish_reason is not None:
                 self._finished(routed, first_at, last)

@@ -45,7 +45,11 @@ streaming request's *slack*: how much more delay its decode can take and still m
 target, the rest of its decode at its own pace when nothing stalls it (the median of its
 latest inter-chunk gaps: a stall it sat through is spent budget, not its pace). A pool admits
 a request only while the prefill pending after it fits in the smallest slack of the requests
-decoding there that can still meet their target (routing/policy.py).
+decoding there that can still meet their target (routing/policy.py). A request still queued
+there is protected too (`Queued`): the prompts queued after it are prefilled while it decodes,
+so each new prompt must fit in what the prompts already queued after it left of its slack.
+Without it, a burst of documents admitted while none decoded passed the check one by one and
+then stalled each other's decodes, every one missing its TPOT target (goodput.md, CPU).
 """
 
 from __future__ import annotations
@@ -267,6 +271,37 @@ def decode_slack_ms(decoding: Iterable[Decoding], now: float) -> float | None:
     can, or none is decoding: admission protects no one)."""
     slacks = [s for s in (d.slack_ms(now) for d in decoding) if s >= 0]
     return min(slacks, default=None)
+
+
+@dataclass(slots=True, eq=False)  # one per request: kept in ordered sets by identity
+class Queued:
+    """One request with a TPOT target, dispatched and waiting for its first token. Its decode
+    will share its engine's steps with every prefill queued after it, so those prefills spend
+    its slack before it has a token: the whole budget, less its decode at its predicted pace."""
+
+    tpot_target_ms: float
+    max_tokens: int
+    predicted_tpot_ms: float
+    prompt_tokens: int
+
+    def slack_ms(self) -> float:
+        return (self.tpot_target_ms - self.predicted_tpot_ms) * max(1, self.max_tokens - 1)
+
+
+def queued_slack_ms(queued: Iterable[Queued], ms_per_prefill_token: float) -> float | None:
+    """The prefill time a new request's prompt may add to one pool's engine without making a
+    request queued there (in dispatch order, oldest first) miss its TPOT target: the smallest
+    slack left once the prompts queued after each are counted. None: no queued request can
+    meet its target, so none is protected."""
+    slack: float | None = None
+    after = 0  # prompt tokens queued after the one at hand
+    for q in reversed(list(queued)):
+        own = q.slack_ms()
+        if own >= 0:
+            left = own - after * ms_per_prefill_token
+            slack = left if slack is None else min(slack, left)
+        after += q.prompt_tokens
+    return slack
 
 
 def _ewma(old: float, sample: float, rate: float) -> float:

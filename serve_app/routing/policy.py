@@ -14,7 +14,9 @@
    *protects* its running requests when the prefill pending after this request (queued tokens
    plus its prompt, at the pool's prefill rate) fits in the smallest decode slack of the
    requests streaming there, or on a pool sharing its device, that can still meet their TPOT
-   target (routing/estimator.py): a request that would make them miss is not theirs to take.
+   target, and its prompt in what is left of the slack of each request queued there for its
+   first token (routing/estimator.py): a request that would make them miss is not theirs to
+   take.
 5. Among unsaturated pools that protect their running requests and whose ratio is at most
    `fit_margin`, the configured placement picks: **headroom** (the default, see README: lowest
    ratio, most room before a miss), **best fit** (highest ratio: the slowest pool that still
@@ -93,6 +95,9 @@ class PoolView:
     # that can still meet their TPOT target (routing/estimator.py `Decoding`); None: no one to
     # protect
     decode_slack_ms: float | None = None
+    # the prefill time a new prompt may add there without making a request queued for its
+    # first token (there or on a pool sharing its device) miss its TPOT target (`Queued`)
+    queued_slack_ms: float | None = None
 
     @property
     def load(self) -> Load:
@@ -140,10 +145,14 @@ def pending_prefill_ms(pool: PoolView, features: RequestFeatures) -> float:
 
 
 def protects(pool: PoolView, features: RequestFeatures) -> bool:
-    """Taking the request leaves every request decoding on the pool (and on the pools sharing
-    its device) within its TPOT target."""
-    slack = pool.decode_slack_ms
-    return slack is None or pending_prefill_ms(pool, features) <= slack
+    """Taking the request leaves every request decoding or queued on the pool (and on the
+    pools sharing its device) within its TPOT target: those decoding share their steps with all
+    the prefill pending, those queued with the prompts queued after them."""
+    decode = pool.decode_slack_ms
+    if decode is not None and pending_prefill_ms(pool, features) > decode:
+        return False
+    queued = pool.queued_slack_ms
+    return queued is None or features.prompt_tokens * pool.model.ms_per_prefill_token <= queued
 
 
 def _requests_per_replica(pool: PoolView) -> float:
@@ -270,7 +279,7 @@ def decide(
             429,
             RejectReason.PROTECTS_RUNNING,
             f"taking it on {', '.join(p.name for p, _ in crowded)} would make requests decoding "
-            "there (or on a pool sharing its device) miss their TPOT target",
+            "or queued there (or on a pool sharing its device) miss their TPOT target",
             retry,
             None,
             demand,

@@ -5,8 +5,9 @@ same stale queue. So the router also counts this ingress's own requests per pool
 waiting for a first token, with their prompt tokens, or streaming) and uses the larger of the two
 counts.
 
-Admission protects the requests decoding on the pool a request would go to, and on the pools
-sharing its device (`colocated`): two engines on one GPU or one CPU slow each other's steps.
+Admission protects the requests decoding on the pool a request would go to, and those queued
+there for their first token, and on the pools sharing its device (`colocated`): two engines on
+one GPU or one CPU slow each other's steps.
 
 If the board itself stops answering, the router keeps routing on the last replica counts it got
 and its own load accounting (a dead board must not turn every request into a 503); a pool whose
@@ -28,7 +29,9 @@ from serve_app.routing.estimator import (
     Decoding,
     LatencyModel,
     Load,
+    Queued,
     decode_slack_ms,
+    queued_slack_ms,
 )
 from serve_app.routing.policy import (
     Decision,
@@ -88,6 +91,8 @@ class Router:
         # them within it: routing/policy.py), and the pools each pool's prefills slow (those
         # sharing its device)
         self._decoding: dict[str, set[Decoding]] = {name: set() for name in pools}
+        # and those waiting for their first token there, in dispatch order (dicts as ordered sets)
+        self._queued: dict[str, dict[Queued, None]] = {name: {} for name in pools}
         self._sharing = {name: sorted(config.sharing(name) & set(pools)) for name in pools}
         self._snapshots: dict[str, PoolSnapshot] = {name: PoolSnapshot(name) for name in pools}
         self._board_at: float | None = None  # when the board last answered
@@ -148,9 +153,21 @@ class Router:
                     decode_slack_ms=decode_slack_ms(
                         chain.from_iterable(self._decoding[p] for p in self._sharing[name]), now
                     ),
+                    queued_slack_ms=self._queued_slack_ms(name),
                 )
             )
         return views
+
+    def _queued_slack_ms(self, name: str) -> float | None:
+        """The smallest slack of the requests queued on `name` and on the pools sharing its
+        device, each pool's queue at its own prefill rate."""
+        slacks = [
+            slack
+            for p in self._sharing[name]
+            if (slack := queued_slack_ms(self._queued[p], self._models[p].ms_per_prefill_token))
+            is not None
+        ]
+        return min(slacks, default=None)
 
     def decide(
         self,
@@ -177,18 +194,30 @@ class Router:
         least_load = policy is Policy.LEAST_LOAD
         return decide_plain(features, self.views(now), now, self._turn, only, least_load)
 
-    def dispatched(self, pool: str, prompt_tokens: int) -> None:
+    def dispatched(self, pool: str, prompt_tokens: int, queued: Queued | None = None) -> None:
+        """A request went to `pool`; `queued`: its TPOT target, to protect until its first
+        token (then its `Decoding` is protected instead)."""
         local = self._local[pool]
         local.waiting += 1
         local.queued_tokens += prompt_tokens
+        if queued is not None:
+            self._queued[pool][queued] = None
 
-    def first_token(self, pool: str, prompt_tokens: int, decoding: Decoding | None = None) -> None:
+    def first_token(
+        self,
+        pool: str,
+        prompt_tokens: int,
+        decoding: Decoding | None = None,
+        queued: Queued | None = None,
+    ) -> None:
         """A request's first token came; `decoding`: its decode, to keep within its TPOT target
         (updated by the caller as tokens come)."""
         local = self._local[pool]
         local.waiting -= 1
         local.queued_tokens -= prompt_tokens
         local.running += 1
+        if queued is not None:
+            self._queued[pool].pop(queued, None)
         if decoding is not None:
             self._decoding[pool].add(decoding)
 
@@ -198,8 +227,11 @@ class Router:
         prompt_tokens: int,
         got_first_token: bool,
         decoding: Decoding | None = None,
+        queued: Queued | None = None,
     ) -> None:
         local = self._local[pool]
+        if queued is not None:
+            self._queued[pool].pop(queued, None)
         if decoding is not None:
             self._decoding[pool].discard(decoding)
         if got_first_token:

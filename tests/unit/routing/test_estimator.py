@@ -4,7 +4,14 @@ take and still meet its TPOT."""
 import pytest
 
 from serve_app.routing.config import LatencyPrior
-from serve_app.routing.estimator import Decoding, LatencyModel, Load, decode_slack_ms
+from serve_app.routing.estimator import (
+    Decoding,
+    LatencyModel,
+    Load,
+    Queued,
+    decode_slack_ms,
+    queued_slack_ms,
+)
 
 T0 = 1000.0
 
@@ -43,6 +50,26 @@ def test_the_smallest_slack_of_those_that_can_still_make_it() -> None:
     assert decode_slack_ms([late, fine], T0 + 1.0) == pytest.approx(fine.slack_ms(T0 + 1.0))
     assert decode_slack_ms([late], T0 + 1.0) is None
     assert decode_slack_ms([], T0) is None
+
+
+def test_a_queued_request_has_its_whole_budget_less_its_decode_at_the_predicted_pace() -> None:
+    doc = Queued(tpot_target_ms=150, max_tokens=25, predicted_tpot_ms=50, prompt_tokens=3000)
+    assert doc.slack_ms() == pytest.approx(24 * 100)
+    assert queued_slack_ms([doc], ms_per_prefill_token=0.2) == pytest.approx(2400)
+
+
+def test_the_prompts_queued_after_each_request_spend_its_slack_and_no_one_elses() -> None:
+    """Three documents queued in turn: the first decodes while the other two prefill, the last
+    while nothing queued after it does. At 0.2 ms a token each 3,000-token prompt costs 600 ms."""
+    docs = [Queued(150, 25, 50, 3000) for _ in range(3)]  # 2,400 ms of slack each
+    assert queued_slack_ms(docs, 0.2) == pytest.approx(2400 - 2 * 600)
+    # a request that cannot meet its target anyway is not protected, but its prompt still
+    # stalls the ones queued before it
+    hopeless = Queued(40, 10, 60, 3000)
+    assert hopeless.slack_ms() < 0
+    assert queued_slack_ms([docs[0], hopeless], 0.2) == pytest.approx(2400 - 600)
+    assert queued_slack_ms([hopeless], 0.2) is None
+    assert queued_slack_ms([], 0.2) is None
 
 
 def test_a_finished_request_has_only_the_time_it_is_under_budget() -> None:

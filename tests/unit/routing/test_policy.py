@@ -465,6 +465,21 @@ def test_a_document_that_would_make_the_running_requests_miss_is_refused() -> No
     assert isinstance(decide(doc, slo, [queued], CONFIG, NOW), Reject)
 
 
+def test_a_document_that_would_make_the_queued_documents_miss_is_refused() -> None:
+    """Documents admitted while none decodes are protected from each other as well: each one
+    queued decodes while the prompts queued after it prefill."""
+    doc, slo = req(3000, 32), SLO("s", ttft_ms=10_000, tpot_ms=150)
+    thr = replace(THR, model=PREFILLING)  # its 3,000-token prompt costs 3 s
+    assert isinstance(decide(doc, slo, [replace(thr, queued_slack_ms=3500)], CONFIG, NOW), RouteTo)
+    crowded = decide(doc, slo, [replace(thr, queued_slack_ms=2500)], CONFIG, NOW)
+    assert isinstance(crowded, Reject) and crowded.reason is RejectReason.PROTECTS_RUNNING
+    assert "queued" in crowded.message
+    # only its own prompt counts against them: the prefill queued ahead of it runs before
+    # their decodes
+    ahead = replace(thr, queued_slack_ms=3500, queued_tokens=3000)
+    assert isinstance(decide(doc, slo, [ahead], CONFIG, NOW), RouteTo)
+
+
 def test_a_short_request_still_fits_beside_the_decodes_a_document_would_break() -> None:
     thr = replace(THR, model=PREFILLING, decode_slack_ms=500)
     short = decide(req(100, 32), SLO("s", ttft_ms=10_000, tpot_ms=150), [thr], CONFIG, NOW)

@@ -3,7 +3,7 @@ import pytest
 from serve_app.engine.protocol import Placement
 from serve_app.pool_state import PoolSnapshot
 from serve_app.routing.config import LatencyPrior, Policy, RoutingConfig
-from serve_app.routing.estimator import Decoding, LatencyModel, Load
+from serve_app.routing.estimator import Decoding, LatencyModel, Load, Queued
 from serve_app.routing.policy import Reject, RejectReason, RequestFeatures, RouteTo
 from serve_app.routing.router import Router
 from serve_app.routing.slo import SLO
@@ -117,6 +117,23 @@ def test_requests_decoding_with_a_tpot_target_set_the_pool_slack_until_they_end(
     assert r.views(NOW + 0.1)[0].decode_slack_ms == pytest.approx(400 - 100 - 5 * 20)
     r.finished("a", 10, got_first_token=True, decoding=d)
     assert r.views(NOW + 0.1)[0].decode_slack_ms is None
+
+
+def test_requests_queued_with_a_tpot_target_are_protected_until_their_first_token() -> None:
+    r = router()
+    r.update({"a": PoolSnapshot("a", replicas=1, updated_at=NOW, prefill_tok_s=5000)})
+    assert r.views(NOW)[0].queued_slack_ms is None
+    first, second = Queued(150, 25, 50, 3000), Queued(150, 25, 50, 3000)
+    r.dispatched("a", 3000, first)
+    r.dispatched("a", 3000, second)
+    # 2,400 ms each; the first loses the second's 600 ms prefill (0.2 ms a token)
+    assert r.views(NOW)[0].queued_slack_ms == pytest.approx(1800)
+    d = Decoding(tpot_target_ms=150, max_tokens=25, predicted_tpot_ms=50, first_at=NOW)
+    r.first_token("a", 3000, d, first)  # decoding now: protected as a decode instead
+    assert r.views(NOW)[0].queued_slack_ms == pytest.approx(2400)
+    assert r.views(NOW)[0].decode_slack_ms is not None
+    r.finished("a", 3000, got_first_token=False, queued=second)  # failed before its first token
+    assert r.views(NOW)[0].queued_slack_ms is None
 
 
 def test_a_prefill_is_refused_where_it_would_stall_decodes_on_a_pool_sharing_its_device() -> None:
