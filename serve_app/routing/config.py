@@ -24,6 +24,13 @@ class Placement(StrEnum):
     LEAST_LOAD = "least-load"  # the fewest requests (waiting + running) per replica
 
 
+class Protect(StrEnum):
+    """Whose TPOT a new request's prefill must leave within target (routing/policy.py)."""
+
+    DECODING = "decoding"  # the requests decoding on its pool (and on pools sharing its device)
+    QUEUED = "queued"  # those, and the requests queued there for their first token
+
+
 class SLOClass(BaseModel):
     """Default latency targets of a named class of traffic."""
 
@@ -110,6 +117,12 @@ class RoutingConfig(BaseModel):
         Placement.HEADROOM,
         description="Which pool takes a request when several meet its SLO with margin.",
     )
+    protect: Protect = Field(
+        Protect.QUEUED,
+        description="Whose TPOT admission protects: the requests decoding on a pool, or those "
+        "and the requests queued there for their first token (each decodes while the prompts "
+        "queued after it prefill).",
+    )
     max_held: int = Field(
         64,
         ge=0,
@@ -122,7 +135,8 @@ class RoutingConfig(BaseModel):
     )
     allow_policy_header: bool = Field(
         False,
-        description="Honour `x-route-policy` (slo | round-robin | single:<pool>) per request: "
+        description="Honour `x-route-policy` (slo[:<placement>[:<protect>]] | round-robin | "
+        "least-load | single:<pool>) per request: "
         "for benchmarks comparing policies on the same replicas; never on an open endpoint.",
     )
     priors: dict[str, LatencyPrior] = Field(

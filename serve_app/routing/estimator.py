@@ -291,14 +291,14 @@ class Queued:
 def queued_slack_ms(queued: Iterable[Queued], ms_per_prefill_token: float) -> float | None:
     """The prefill time a new request's prompt may add to one pool's engine without making a
     request queued there (in dispatch order, oldest first) miss its TPOT target: the smallest
-    slack left once the prompts queued after each are counted. None: no queued request can
-    meet its target, so none is protected."""
+    slack left once the prompts queued after each are counted. A request those prompts
+    already make miss is not protected (as a decode that misses anyway is not): None when no
+    queued request can still meet its target."""
     slack: float | None = None
     after = 0  # prompt tokens queued after the one at hand
     for q in reversed(list(queued)):
-        own = q.slack_ms()
-        if own >= 0:
-            left = own - after * ms_per_prefill_token
+        left = q.slack_ms() - after * ms_per_prefill_token
+        if left >= 0:
             slack = left if slack is None else min(slack, left)
         after += q.prompt_tokens
     return slack

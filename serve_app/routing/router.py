@@ -23,7 +23,7 @@ from itertools import chain
 
 from serve_app.constants import STATS_STALE_AFTER_S
 from serve_app.pool_state import PoolSnapshot
-from serve_app.routing.config import Placement, Policy, RoutingConfig
+from serve_app.routing.config import Placement, Policy, Protect, RoutingConfig
 from serve_app.routing.estimator import (
     DEFAULT_STEP_TOKENS,
     Decoding,
@@ -74,7 +74,8 @@ class Router:
         """`pools` maps each pool name to its max_model_len; `step_tokens` to its engines'
         token budget per step (max_num_batched_tokens)."""
         self._config = config
-        self._placements: dict[str, RoutingConfig] = {}  # the config under another placement
+        # the config under another placement or protection (`x-route-policy`)
+        self._placements: dict[str, RoutingConfig] = {}
         self._max_len = dict(pools)
         steps = step_tokens or {}
         self._models = {
@@ -133,7 +134,9 @@ class Router:
             del failed[replica]
         return max(0, self._snapshots[name].replicas - len(failed))
 
-    def views(self, now: float | None = None) -> list[PoolView]:
+    def views(self, now: float | None = None, queued: bool = True) -> list[PoolView]:
+        """What the policy sees of each pool; `queued`: with the slack of the requests queued
+        for their first token (admission protects them too)."""
         now = time.time() if now is None else now
         board_stale = self.board_stale(now)
         views = []
@@ -153,7 +156,7 @@ class Router:
                     decode_slack_ms=decode_slack_ms(
                         chain.from_iterable(self._decoding[p] for p in self._sharing[name]), now
                     ),
-                    queued_slack_ms=self._queued_slack_ms(name),
+                    queued_slack_ms=self._queued_slack_ms(name) if queued else None,
                 )
             )
         return views
@@ -178,21 +181,33 @@ class Router:
         policy_arg: str | None = None,
         commit: bool = True,
     ) -> Decision:
-        """Route one request. `policy_arg`: the pool of Policy.SINGLE, or a placement for
-        Policy.SLO other than the configured one. `commit=False` asks without taking a turn (an
-        admission check ahead of the real decision must not advance round-robin)."""
+        """Route one request. `policy_arg`: the pool of Policy.SINGLE, or for Policy.SLO
+        `<placement>[:<protect>]` other than the configured ones. `commit=False` asks without
+        taking a turn (an admission check ahead of the real decision must not advance
+        round-robin)."""
         if policy is Policy.SLO:
             config = self._config
             if policy_arg is not None:
-                config = self._placements.setdefault(
-                    policy_arg, config.model_copy(update={"placement": Placement(policy_arg)})
+                config = self._placements.get(policy_arg) or self._placements.setdefault(
+                    policy_arg, self._variant(policy_arg)
                 )
-            return decide(features, slo, self.views(now), config, now)
+            views = self.views(now, queued=config.protect is Protect.QUEUED)
+            return decide(features, slo, views, config, now)
         if commit:
             self._turn += 1
         only = policy_arg if policy is Policy.SINGLE else None
         least_load = policy is Policy.LEAST_LOAD
         return decide_plain(features, self.views(now), now, self._turn, only, least_load)
+
+    def _variant(self, policy_arg: str) -> RoutingConfig:
+        """The config with the placement and protection `<placement>[:<protect>]` names."""
+        placement, _, protect = policy_arg.partition(":")
+        update: dict[str, Placement | Protect] = {}
+        if placement:
+            update["placement"] = Placement(placement)
+        if protect:
+            update["protect"] = Protect(protect)
+        return self._config.model_copy(update=update)
 
     def dispatched(self, pool: str, prompt_tokens: int, queued: Queued | None = None) -> None:
         """A request went to `pool`; `queued`: its TPOT target, to protect until its first

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from serve_app.routing.config import Placement, Policy, RoutingConfig
+from serve_app.routing.config import Placement, Policy, Protect, RoutingConfig
 
 TTFT_HEADERS = ("x-slo-ttft-ms", "x-llm-d-slo-ttft-ms")
 TPOT_HEADERS = ("x-slo-tpot-ms", "x-llm-d-slo-tpot-ms")
@@ -97,8 +97,9 @@ def parse_slo(headers: Mapping[str, str], config: RoutingConfig) -> SLO:
 def parse_route_policy(
     headers: Mapping[str, str], config: RoutingConfig, pools: Iterable[str]
 ) -> tuple[Policy, str | None]:
-    """`x-route-policy: slo[:<placement>] | round-robin | least-load | single:<pool>`, honoured
-    only when the config allows. Returns the policy and its argument (placement or pool)."""
+    """`x-route-policy: slo[:<placement>[:<protect>]] | round-robin | least-load |
+    single:<pool>`, honoured only when the config allows. Returns the policy and its argument
+    (the pool, or the placement with what admission protects, as given)."""
     raw = headers.get(ROUTE_POLICY_HEADER, "").strip()
     if not raw or not config.allow_policy_header:
         return Policy.SLO, None
@@ -108,14 +109,21 @@ def parse_route_policy(
     except ValueError:
         raise SLOHeaderError(
             ROUTE_POLICY_HEADER,
-            f"header {ROUTE_POLICY_HEADER}: slo[:<placement>], round-robin, least-load or "
+            f"header {ROUTE_POLICY_HEADER}: slo[:<placement>[:<protect>]], round-robin, "
+            "least-load or "
             "single:<pool>",
         ) from None
     if policy is Policy.SINGLE and pool not in set(pools):
         raise SLOHeaderError(ROUTE_POLICY_HEADER, f"header {ROUTE_POLICY_HEADER}: unknown pool")
-    if policy is Policy.SLO and pool and pool not in set(Placement):
+    placement, _, protect = pool.partition(":")
+    if policy is Policy.SLO and placement and placement not in set(Placement):
         raise SLOHeaderError(
             ROUTE_POLICY_HEADER,
             f"header {ROUTE_POLICY_HEADER}: placement must be one of {', '.join(Placement)}",
+        )
+    if policy is Policy.SLO and protect and protect not in set(Protect):
+        raise SLOHeaderError(
+            ROUTE_POLICY_HEADER,
+            f"header {ROUTE_POLICY_HEADER}: protect must be one of {', '.join(Protect)}",
         )
     return policy, (pool if policy in (Policy.SINGLE, Policy.SLO) and pool else None)

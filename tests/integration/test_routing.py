@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from serve_app.timing import parse_server_timing
 from tests.integration.conftest import AppServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -112,3 +113,29 @@ def test_pools_on_one_cpu_protect_each_others_decodes(app_server: AppServer) -> 
     pools = httpx.get(f"{app_server.url}/pools").json()
     assert pools["low-latency"]["shares_device_with"] == ["throughput"], pools
     assert pools["throughput"]["shares_device_with"] == ["low-latency"], pools
+
+
+def test_documents_sent_together_wait_for_each_others_tpot(app_server: AppServer) -> None:
+    """Admission protects the requests queued for their first token, not only those decoding:
+    documents with a tight TPOT target sent together, while none of them decodes yet, do not
+    all go to the engine at once (each would decode while the others prefill). The later ones
+    wait at the ingress, which shows as their `route` stage (or are refused for it)."""
+    docs = [
+        {"prompt": [100 + (i * k) % 3000 for i in range(3000)], "max_tokens": 3}
+        for k in (1, 3, 7, 11)
+    ]
+    headers = {"x-slo-ttft-ms": "30000", "x-slo-tpot-ms": "100"}
+    with ThreadPoolExecutor(len(docs)) as pool:
+        futures = [
+            pool.submit(post, app_server, doc | {"ignore_eos": True}, headers) for doc in docs
+        ]
+        responses = [f.result() for f in futures]
+    served = [r for r in responses if r.status_code == 200]
+    refused = [r for r in responses if r.status_code == 429]
+    assert len(served) + len(refused) == len(docs), [r.text for r in responses]
+    assert all(r.json()["error"]["code"] == "protects-running" for r in refused), refused
+    assert all(r.headers["x-serve-pool"] == "throughput" for r in served)
+    route_ms = sorted(parse_server_timing(r.headers["server-timing"])["route"] for r in served)
+    print(f"\n{len(docs)} documents together: {len(refused)} refused, route ms {route_ms}")
+    held = [ms for ms in route_ms if ms >= 20]  # at least one poll of routing.hold_poll_ms
+    assert refused or held, route_ms

@@ -69,6 +69,9 @@ def test_the_prompts_queued_after_each_request_spend_its_slack_and_no_one_elses(
     assert hopeless.slack_ms() < 0
     assert queued_slack_ms([docs[0], hopeless], 0.2) == pytest.approx(2400 - 600)
     assert queued_slack_ms([hopeless], 0.2) is None
+    # six queued: the prompts after the first already spend more than its 2,400 ms, so it
+    # misses whatever comes; the second has none left to give
+    assert queued_slack_ms([Queued(150, 25, 50, 3000) for _ in range(6)], 0.2) == pytest.approx(0)
     assert queued_slack_ms([], 0.2) is None
 
 

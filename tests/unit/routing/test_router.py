@@ -136,6 +136,23 @@ def test_requests_queued_with_a_tpot_target_are_protected_until_their_first_toke
     assert r.views(NOW)[0].queued_slack_ms is None
 
 
+def test_protecting_only_the_decoding_requests_lets_a_burst_in() -> None:
+    r = Router({"a": 8192}, RoutingConfig(allow_policy_header=True))
+    r.update({"a": PoolSnapshot("a", replicas=1, updated_at=NOW, prefill_tok_s=5000)})
+    doc, slo = RequestFeatures(3000, 25), SLO("s", ttft_ms=60_000, tpot_ms=150)
+    r.dispatched("a", 3000, Queued(150, 25, 50, 3000))
+    # 2,400 ms of slack less its own 600 ms prefill: four more documents fit, not five
+    for _ in range(3):
+        assert isinstance(r.decide(doc, slo, NOW), RouteTo)
+        r.dispatched("a", 3000, Queued(150, 25, 50, 3000))
+    assert isinstance(r.decide(doc, slo, NOW), RouteTo)
+    r.dispatched("a", 3000, Queued(150, 25, 50, 3000))
+    refused = r.decide(doc, slo, NOW)
+    assert isinstance(refused, Reject) and refused.reason is RejectReason.PROTECTS_RUNNING
+    let_in = r.decide(doc, slo, NOW, Policy.SLO, "headroom:decoding")
+    assert isinstance(let_in, RouteTo)
+
+
 def test_a_prefill_is_refused_where_it_would_stall_decodes_on_a_pool_sharing_its_device() -> None:
     """Two engines on one GPU slow each other's steps: a decode on `a` with 100 ms of slack
     makes `b`, which shares its device, refuse a prefill of 210 ms; a pool of its own takes it."""

@@ -67,7 +67,9 @@ def test_route_policy_header_needs_the_config_to_allow_it() -> None:
     assert parse_route_policy(best_fit, allowed, ["a"]) == (Policy.SLO, "best-fit")
     least = {"x-route-policy": "least-load"}
     assert parse_route_policy(least, allowed, ["a"]) == (Policy.LEAST_LOAD, None)
-    for bad in ("single:zzz", "random", "slo:nearest"):
+    decoding = {"x-route-policy": "slo:headroom:decoding"}
+    assert parse_route_policy(decoding, allowed, ["a"]) == (Policy.SLO, "headroom:decoding")
+    for bad in ("single:zzz", "random", "slo:nearest", "slo:headroom:nobody"):
         with pytest.raises(SLOHeaderError):
             parse_route_policy({"x-route-policy": bad}, allowed, ["a"])
 
