@@ -177,8 +177,8 @@ def test_goals_are_checked_against_every_repeat() -> None:
 
 
 def test_goals_name_the_slo_policy_by_its_placement() -> None:
-    """A sweep of `slo:best-fit` against the baselines is checked like one of `slo`; two SLO
-    placements side by side have no single SLO policy to check."""
+    """A sweep of `slo:best-fit` against the baselines is checked like one of `slo`; SLO
+    variants side by side are each checked against the baselines, not against each other."""
     records = [
         row("slo:best-fit", 1.0, 10.0),
         row("slo:best-fit", 2.0, 9.5),
@@ -189,8 +189,17 @@ def test_goals_name_the_slo_policy_by_its_placement() -> None:
     assert text.startswith("Goals for slo:best-fit")
     assert "min ratio 2.38 → met" in text  # 9.5 / 4.0 at 2x
     assert "min ratio 1.11 → met" in text  # against round-robin, not against itself
-    both = [*records, row("slo:headroom", 1.0, 10.0)]
-    assert goals(both) == ""  # type: ignore[arg-type]
+    both = [
+        *records,
+        row("slo:headroom:decoding", 1.0, 12.0),
+        row("slo:headroom:decoding", 2.0, 5.0),
+    ]
+    text = goals(both)  # type: ignore[arg-type]
+    first, second = text.split("Goals for ")[1:]
+    assert first.startswith("slo:best-fit") and "min ratio 1.11 → met" in first
+    assert second.startswith("slo:headroom:decoding")
+    assert "min ratio 1.33 → met" in second  # 12 / 9 at the knee: not against best fit's 10
+    assert "min ratio 1.25 → missed" in second  # 5 / 4 at 2x
 
 
 def test_records_say_where_each_pool_s_first_tokens_went() -> None:
