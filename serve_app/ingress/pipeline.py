@@ -29,7 +29,13 @@ from starlette.requests import Request
 
 from serve_app.config import IngressConfig
 from serve_app.constants import READY_RETRY_AFTER_S, STATS_PERIOD_S
-from serve_app.engine.protocol import ApiCall, ApiKind, GenerationRequest, StreamChunk
+from serve_app.engine.protocol import (
+    ApiCall,
+    ApiKind,
+    EngineDeadError,
+    GenerationRequest,
+    StreamChunk,
+)
 from serve_app.ingress.channels import IngressChannels
 from serve_app.ingress.errors import (
     BadRequest,
@@ -663,6 +669,10 @@ class RequestPipeline:
             raise engine_error(e) from None
         finally:
             await chunks.aclose()  # client gone mid-generation: abort now, not at collection
+        if last.status >= 500:  # vLLM's serving layer failed after the first token: the engine
+            raise engine_error(EngineDeadError(last.data or "the engine failed"))
+        if last.status != 200:
+            return Response(last.data, status_code=last.status, media_type=JSON)
         if routed.stages is not None:
             routed.stages["total"] = elapsed_ms(routed.started, time.perf_counter())
         body = last.data if truncated is None else _with_truncation(last.data, truncated)

@@ -126,7 +126,10 @@ def _burst(server: AppServer, ks: tuple[int, ...], policy: str) -> list[httpx.Re
     ]
     probe = post(server, docs.pop(), {"x-slo-class": "batch"})
     assert probe.status_code == 200, probe.text
-    tpot_ms = 1.5 * float(probe.headers["x-route-predicted-tpot-ms"]) + 20
+    # the slack of each (2 tokens: target - predicted TPOT) is half what one prompt's prefill
+    # takes at the pool's prefill rate (measured, or the prior's 0.05 ms a token)
+    tok_s = httpx.get(f"{server.url}/pools").json()["throughput"]["prefill_tok_s"] or 20_000
+    tpot_ms = float(probe.headers["x-route-predicted-tpot-ms"]) + 0.5 * 3000 * 1000 / tok_s
     headers = {"x-slo-ttft-ms": "30000", "x-slo-tpot-ms": f"{tpot_ms:.0f}"}
     with ThreadPoolExecutor(len(docs)) as pool:
         return list(
