@@ -139,6 +139,11 @@ class Router:
         for their first token (admission protects them too)."""
         now = time.time() if now is None else now
         board_stale = self.board_stale(now)
+        # each pool's queued slack once: pools sharing a device each take the smallest of theirs
+        own = {
+            p: queued_slack_ms(q, self._models[p].ms_per_prefill_token)
+            for p, q in self._queued.items()
+        }
         views = []
         for name, snap in self._snapshots.items():
             local = self._local[name]
@@ -156,20 +161,15 @@ class Router:
                     decode_slack_ms=decode_slack_ms(
                         chain.from_iterable(self._decoding[p] for p in self._sharing[name]), now
                     ),
-                    queued_slack_ms=self._queued_slack_ms(name) if queued else None,
+                    queued_slack_ms=self._queued_slack_ms(name, own) if queued else None,
                 )
             )
         return views
 
-    def _queued_slack_ms(self, name: str) -> float | None:
+    def _queued_slack_ms(self, name: str, own: Mapping[str, float | None]) -> float | None:
         """The smallest slack of the requests queued on `name` and on the pools sharing its
-        device, each pool's queue at its own prefill rate."""
-        slacks = [
-            slack
-            for p in self._sharing[name]
-            if (slack := queued_slack_ms(self._queued[p], self._models[p].ms_per_prefill_token))
-            is not None
-        ]
+        device (`own`: each pool's, its queue at its own prefill rate)."""
+        slacks = [slack for p in self._sharing[name] if (slack := own[p]) is not None]
         return min(slacks, default=None)
 
     def decide(
