@@ -3,7 +3,9 @@
 Replicas push a `ReplicaReport` to the board a few times a second; the ingress pulls the whole
 board as often, in the background, so routing reads a local copy and never waits on it. The
 ingresses also tell the board how many requests they refused for want of each pool's capacity;
-the board hands each replica its share, which the pool's autoscaling counts as demand.
+the board hands each replica its share, which the pool's autoscaling counts as demand. And each
+ingress posts what its admission protects on each pool (`Protected`), which the board hands to
+the other ingresses with the pools' state.
 """
 
 from __future__ import annotations
@@ -14,10 +16,14 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from serve_app.constants import STATS_STALE_AFTER_S
+from serve_app.constants import STATS_PERIOD_S, STATS_STALE_AFTER_S
 from serve_app.engine.protocol import BoardReply, Placement, ReplicaReport
+from serve_app.routing.estimator import Protected
 
 REFUSALS_WINDOW_S = 5.0
+# An ingress posts what it protects every STATS_PERIOD_S; a post older than a few of those is
+# from an ingress that is gone, and the requests it protected with it.
+PROTECTED_STALE_AFTER_S = 4 * STATS_PERIOD_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +42,8 @@ class PoolSnapshot:
     placements: tuple[tuple[str, Placement], ...] = ()  # (replica id, where it runs)
     queued_tokens: int = 0  # prompt tokens queued for prefill, all replicas
     prefill_tok_s: float | None = None  # mean measured prefill rate per replica
+    # what each ingress's admission protects on this pool: (ingress id, its latest post)
+    protected: tuple[tuple[str, Protected], ...] = ()
 
     @property
     def ready(self) -> bool:
@@ -47,13 +55,18 @@ def _p50(values: list[float]) -> float | None:
 
 
 def aggregate(
-    pools: Iterable[str], reports: Iterable[ReplicaReport], now: float
+    pools: Iterable[str],
+    reports: Iterable[ReplicaReport],
+    now: float,
+    protected: Mapping[str, Mapping[str, Protected]] | None = None,
 ) -> dict[str, PoolSnapshot]:
-    """One snapshot per pool from the latest report of each replica.
+    """One snapshot per pool from the latest report of each replica, and `protected`'s posts
+    (ingress id -> pool -> what it protects there).
 
     Reports older than STATS_STALE_AFTER_S, or from an unhealthy engine, are left out: that
     replica is gone or dying, and counting it would route work to it.
     """
+    posts = protected or {}
     live: dict[str, list[ReplicaReport]] = {p: [] for p in pools}
     for r in reports:
         if r.pool in live and r.stats.healthy and now - r.reported_at <= STATS_STALE_AFTER_S:
@@ -76,6 +89,9 @@ def aggregate(
             placements=tuple(sorted((r.replica_id, r.placement) for r in rs)),
             queued_tokens=sum(r.queued_tokens for r in rs),
             prefill_tok_s=_mean([r.prefill_tok_s for r in rs if r.prefill_tok_s is not None]),
+            protected=tuple(
+                (ingress, by_pool[pool]) for ingress, by_pool in posts.items() if pool in by_pool
+            ),
         )
     return out
 
@@ -93,9 +109,17 @@ class PoolStateBoard:
         # ingress replica -> (when, {pool: how late its chunks arrive, ms})
         self._lags: dict[str, tuple[float, dict[str, float]]] = {}
         self._refusals: deque[tuple[float, str, int]] = deque()  # (when, pool, how many)
+        # ingress replica -> (when it posted, {pool: what it protects there})
+        self._protected: dict[str, tuple[float, dict[str, Protected]]] = {}
 
     def consumer_lag(self, ingress_id: str, lag_ms_by_pool: dict[str, float]) -> None:
         self._lags[ingress_id] = (time.time(), lag_ms_by_pool)
+
+    def protect(
+        self, ingress_id: str, by_pool: dict[str, Protected], now: float | None = None
+    ) -> None:
+        """What an ingress's admission protects now, per pool (an empty post: nothing)."""
+        self._protected[ingress_id] = (time.time() if now is None else now, by_pool)
 
     def refused(self, counts: dict[str, int], now: float | None = None) -> None:
         """An ingress refused `counts[pool]` requests for want of that pool's capacity."""
@@ -129,5 +153,11 @@ class PoolStateBoard:
         share = self._refused_per_s(report.pool, report.reported_at) / max(replicas, 1)
         return BoardReply(max(lags, default=None), share)
 
-    def snapshot(self) -> Mapping[str, PoolSnapshot]:
-        return aggregate(self._pools, self._reports.values(), time.time())
+    def snapshot(self, now: float | None = None) -> Mapping[str, PoolSnapshot]:
+        now = time.time() if now is None else now
+        for ingress in [
+            i for i, (at, _) in self._protected.items() if now - at > PROTECTED_STALE_AFTER_S
+        ]:
+            del self._protected[ingress]
+        posts = {ingress: by_pool for ingress, (_, by_pool) in self._protected.items()}
+        return aggregate(self._pools, self._reports.values(), now, posts)

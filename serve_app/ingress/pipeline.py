@@ -236,7 +236,8 @@ class RequestPipeline:
 
     `pools` maps each pool to a handle of its replicas (`handle.generate.remote(request)`
     streams StreamChunks and can be cancelled), `board` is the pool-state board's handle
-    (`snapshot`, `consumer_lag`, `refused`). Call `start()` on the event loop that serves.
+    (`snapshot`, `consumer_lag`, `refused`, `protect`). Call `start()` on the event loop that
+    serves.
     """
 
     def __init__(
@@ -255,7 +256,9 @@ class RequestPipeline:
             {name: p.max_model_len for name, p in config.pools.items()},
             config.routing,
             {name: p.step_tokens for name, p in config.pools.items()},
+            ingress_id,
         )
+        self._protecting = False  # the last post to the board protected something
         self.metrics = IngressMetrics(
             frozenset(config.routing.classes), config.routing.default_class
         )
@@ -305,6 +308,10 @@ class RequestPipeline:
         if self._refused:
             refused, self._refused = self._refused, {}
             self._board.refused.remote(refused)
+        protected = self._router.protected()
+        if protected or self._protecting:  # an empty post withdraws the last one
+            self._board.protect.remote(self._ingress_id, protected)
+            self._protecting = bool(protected)
         snapshot = await asyncio.wait_for(self._board.snapshot.remote(), BOARD_TIMEOUT_S)
         self._router.update(snapshot)
 
@@ -367,6 +374,12 @@ class RequestPipeline:
                 "path_ms": view.model.path(now),
                 "decode_slack_ms": view.decode_slack_ms,  # theirs and their device-mates'
                 "queued_slack_ms": view.queued_slack_ms,
+                # what the other ingresses protect here (counted in the two slacks above)
+                "protected_by_other_ingresses": {
+                    ingress: {"queued": len(p.queued), "decode_slack_ms": p.decode_slack_ms}
+                    for ingress, p in snap.protected
+                    if ingress != self._ingress_id
+                },
                 "shares_device_with": [
                     p for p in self._router.sharing(view.name) if p != view.name
                 ],
@@ -616,6 +629,7 @@ class RequestPipeline:
                     routed.max_tokens,
                     routed.predicted_tpot_ms,
                     routed.prompt_tokens,
+                    time.time(),
                 )
             self._router.dispatched(routed.pool, routed.prompt_tokens, routed.queued)
             own = self._pools[routed.pool].generate.remote(gen)

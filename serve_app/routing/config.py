@@ -123,6 +123,12 @@ class RoutingConfig(BaseModel):
         "and the requests queued there for their first token (each decodes while the prompts "
         "queued after it prefill).",
     )
+    protect_across_ingresses: bool = Field(
+        True,
+        description="Protect the requests every ingress replica dispatched (each posts its own "
+        "to the pool-state board and takes the others', a board round trip late), not only "
+        "this replica's.",
+    )
     max_held: int = Field(
         64,
         ge=0,
@@ -135,7 +141,7 @@ class RoutingConfig(BaseModel):
     )
     allow_policy_header: bool = Field(
         False,
-        description="Honour `x-route-policy` (slo[:<placement>[:<protect>]] | round-robin | "
+        description="Honour `x-route-policy` (slo[:<placement>[:<protect>[:own]]] | round-robin | "
         "least-load | single:<pool>) per request: "
         "for benchmarks comparing policies on the same replicas; never on an open endpoint.",
     )

@@ -283,9 +283,21 @@ class Queued:
     max_tokens: int
     predicted_tpot_ms: float
     prompt_tokens: int
+    dispatched_at: float = 0.0  # time.time(): orders the queues of several ingresses as one
 
     def slack_ms(self) -> float:
         return (self.tpot_target_ms - self.predicted_tpot_ms) * max(1, self.max_tokens - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Protected:
+    """What one ingress's admission protects on one pool, as of `at`: shared through the
+    pool-state board, so that each ingress protects the requests the others dispatched too
+    (each knows its own at once, the others' a board round trip late)."""
+
+    at: float  # time.time() it was taken
+    decode_slack_ms: float | None  # the smallest slack of its requests decoding there
+    queued: tuple[Queued, ...] = ()  # its requests waiting there for a first token, in order
 
 
 def queued_slack_ms(queued: Iterable[Queued], ms_per_prefill_token: float) -> float | None:

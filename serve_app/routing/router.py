@@ -7,7 +7,9 @@ counts.
 
 Admission protects the requests decoding on the pool a request would go to, and those queued
 there for their first token, and on the pools sharing its device (`colocated`): two engines on
-one GPU or one CPU slow each other's steps.
+one GPU or one CPU slow each other's steps. It protects every ingress's requests, not only this
+one's: each ingress posts what it protects to the board (`protected`), and takes the others'
+posts with the pools' state (a board round trip late; its own at once).
 
 If the board itself stops answering, the router keeps routing on the last replica counts it got
 and its own load accounting (a dead board must not turn every request into a 503); a pool whose
@@ -20,6 +22,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import chain
+from operator import attrgetter
 
 from serve_app.constants import STATS_STALE_AFTER_S
 from serve_app.pool_state import PoolSnapshot
@@ -29,6 +32,7 @@ from serve_app.routing.estimator import (
     Decoding,
     LatencyModel,
     Load,
+    Protected,
     Queued,
     decode_slack_ms,
     queued_slack_ms,
@@ -40,7 +44,7 @@ from serve_app.routing.policy import (
     decide,
     decide_plain,
 )
-from serve_app.routing.slo import SLO
+from serve_app.routing.slo import OWN_INGRESS, SLO
 
 
 @dataclass(slots=True)
@@ -70,10 +74,13 @@ class Router:
         pools: Mapping[str, int],
         config: RoutingConfig,
         step_tokens: Mapping[str, int] | None = None,
+        ingress_id: str = "local",
     ) -> None:
         """`pools` maps each pool name to its max_model_len; `step_tokens` to its engines'
-        token budget per step (max_num_batched_tokens)."""
+        token budget per step (max_num_batched_tokens); `ingress_id`: this ingress, whose own
+        posts on the board are not counted twice."""
         self._config = config
+        self._ingress_id = ingress_id
         # the config under another placement or protection (`x-route-policy`)
         self._placements: dict[str, RoutingConfig] = {}
         self._max_len = dict(pools)
@@ -94,6 +101,8 @@ class Router:
         self._decoding: dict[str, set[Decoding]] = {name: set() for name in pools}
         # and those waiting for their first token there, in dispatch order (dicts as ordered sets)
         self._queued: dict[str, dict[Queued, None]] = {name: {} for name in pools}
+        # what the other ingresses protect on each pool (their latest posts on the board)
+        self._others: dict[str, list[Protected]] = {name: [] for name in pools}
         self._sharing = {name: sorted(config.sharing(name) & set(pools)) for name in pools}
         self._snapshots: dict[str, PoolSnapshot] = {name: PoolSnapshot(name) for name in pools}
         self._board_at: float | None = None  # when the board last answered
@@ -107,6 +116,7 @@ class Router:
             if name in self._snapshots:
                 self._snapshots[name] = snap
                 self._models[name] = self._models[name].with_prefill_rate(snap.prefill_tok_s)
+                self._others[name] = [p for i, p in snap.protected if i != self._ingress_id]
         if self._config.colocated is None:
             self._sharing = sharing(self._snapshots)
 
@@ -134,15 +144,49 @@ class Router:
             del failed[replica]
         return max(0, self._snapshots[name].replicas - len(failed))
 
-    def views(self, now: float | None = None, queued: bool = True) -> list[PoolView]:
+    def protected(self, now: float | None = None) -> dict[str, Protected]:
+        """What this ingress's admission protects on each pool where it protects anything
+        (its post to the board)."""
+        now = time.time() if now is None else now
+        out = {}
+        for name in self._snapshots:
+            decode = decode_slack_ms(self._decoding[name], now)
+            queued = tuple(self._queued[name])
+            if decode is not None or queued:
+                out[name] = Protected(now, decode, queued)
+        return out
+
+    def _all_queued(self, pool: str, others_too: bool) -> list[Queued]:
+        """Every ingress's requests queued on `pool` (`others_too`; else this one's), in
+        dispatch order."""
+        others = [q for p in self._others[pool] for q in p.queued] if others_too else []
+        if not others:
+            return list(self._queued[pool])
+        return sorted(chain(self._queued[pool], others), key=attrgetter("dispatched_at"))
+
+    def _decode_slack_ms(self, name: str, now: float, others_too: bool) -> float | None:
+        """The smallest slack of the requests decoding on `name` and the pools sharing its
+        device: this ingress's now, the others' (`others_too`) as they posted it (a request
+        keeping its pace keeps its slack)."""
+        sharing = self._sharing[name]
+        mine = decode_slack_ms(chain.from_iterable(self._decoding[p] for p in sharing), now)
+        theirs = (o.decode_slack_ms for p in sharing for o in self._others[p] if others_too)
+        return min((s for s in (mine, *theirs) if s is not None), default=None)
+
+    def views(
+        self, now: float | None = None, queued: bool = True, others_too: bool = True
+    ) -> list[PoolView]:
         """What the policy sees of each pool; `queued`: with the slack of the requests queued
-        for their first token (admission protects them too)."""
+        for their first token (admission protects them too); `others_too`: the slacks of the
+        other ingresses' requests too."""
         now = time.time() if now is None else now
         board_stale = self.board_stale(now)
         # each pool's queued slack once: pools sharing a device each take the smallest of theirs
-        own = {
-            p: queued_slack_ms(q, self._models[p].ms_per_prefill_token)
-            for p, q in self._queued.items()
+        by_pool = {
+            p: queued_slack_ms(
+                self._all_queued(p, others_too), self._models[p].ms_per_prefill_token
+            )
+            for p in self._queued
         }
         views = []
         for name, snap in self._snapshots.items():
@@ -158,18 +202,16 @@ class Router:
                     # a silent board is no news of the pools: route on what was last known
                     updated_at=now if board_stale else snap.updated_at,
                     queued_tokens=max(snap.queued_tokens, local.queued_tokens),
-                    decode_slack_ms=decode_slack_ms(
-                        chain.from_iterable(self._decoding[p] for p in self._sharing[name]), now
-                    ),
-                    queued_slack_ms=self._queued_slack_ms(name, own) if queued else None,
+                    decode_slack_ms=self._decode_slack_ms(name, now, others_too),
+                    queued_slack_ms=self._queued_slack_ms(name, by_pool) if queued else None,
                 )
             )
         return views
 
-    def _queued_slack_ms(self, name: str, own: Mapping[str, float | None]) -> float | None:
+    def _queued_slack_ms(self, name: str, by_pool: Mapping[str, float | None]) -> float | None:
         """The smallest slack of the requests queued on `name` and on the pools sharing its
-        device (`own`: each pool's, its queue at its own prefill rate)."""
-        slacks = [slack for p in self._sharing[name] if (slack := own[p]) is not None]
+        device (`by_pool`: each pool's, its queue at its own prefill rate)."""
+        slacks = [slack for p in self._sharing[name] if (slack := by_pool[p]) is not None]
         return min(slacks, default=None)
 
     def decide(
@@ -191,7 +233,11 @@ class Router:
                 config = self._placements.get(policy_arg) or self._placements.setdefault(
                     policy_arg, self._variant(policy_arg)
                 )
-            views = self.views(now, queued=config.protect is Protect.QUEUED)
+            views = self.views(
+                now,
+                queued=config.protect is Protect.QUEUED,
+                others_too=config.protect_across_ingresses,
+            )
             return decide(features, slo, views, config, now)
         if commit:
             self._turn += 1
@@ -200,13 +246,17 @@ class Router:
         return decide_plain(features, self.views(now), now, self._turn, only, least_load)
 
     def _variant(self, policy_arg: str) -> RoutingConfig:
-        """The config with the placement and protection `<placement>[:<protect>]` names."""
-        placement, _, protect = policy_arg.partition(":")
-        update: dict[str, Placement | Protect] = {}
+        """The config with the placement and protection `<placement>[:<protect>[:own]]`
+        names."""
+        placement, _, rest = policy_arg.partition(":")
+        protect, _, scope = rest.partition(":")
+        update: dict[str, Placement | Protect | bool] = {}
         if placement:
             update["placement"] = Placement(placement)
         if protect:
             update["protect"] = Protect(protect)
+        if scope == OWN_INGRESS:
+            update["protect_across_ingresses"] = False
         return self._config.model_copy(update=update)
 
     def dispatched(self, pool: str, prompt_tokens: int, queued: Queued | None = None) -> None:

@@ -18,6 +18,7 @@ TPOT_HEADERS = ("x-slo-tpot-ms", "x-llm-d-slo-tpot-ms")
 CLASS_HEADER = "x-slo-class"
 POLICY_HEADER = "x-slo-policy"
 ROUTE_POLICY_HEADER = "x-route-policy"
+OWN_INGRESS = "own"  # x-route-policy: slo:<placement>:<protect>:own
 _MAX_TARGET_MS = 3_600_000
 _MAX_TARGET_DIGITS = len(str(_MAX_TARGET_MS))
 # Headers that decide a request's SLO and route: each may be given once.
@@ -97,9 +98,10 @@ def parse_slo(headers: Mapping[str, str], config: RoutingConfig) -> SLO:
 def parse_route_policy(
     headers: Mapping[str, str], config: RoutingConfig, pools: Iterable[str]
 ) -> tuple[Policy, str | None]:
-    """`x-route-policy: slo[:<placement>[:<protect>]] | round-robin | least-load |
-    single:<pool>`, honoured only when the config allows. Returns the policy and its argument
-    (the pool, or the placement with what admission protects, as given)."""
+    """`x-route-policy: slo[:<placement>[:<protect>[:own]]] | round-robin | least-load |
+    single:<pool>`, honoured only when the config allows (`own`: admission protects this
+    ingress's requests only). Returns the policy and its argument (the pool, or the placement
+    with what admission protects, as given)."""
     raw = headers.get(ROUTE_POLICY_HEADER, "").strip()
     if not raw or not config.allow_policy_header:
         return Policy.SLO, None
@@ -109,13 +111,14 @@ def parse_route_policy(
     except ValueError:
         raise SLOHeaderError(
             ROUTE_POLICY_HEADER,
-            f"header {ROUTE_POLICY_HEADER}: slo[:<placement>[:<protect>]], round-robin, "
+            f"header {ROUTE_POLICY_HEADER}: slo[:<placement>[:<protect>[:own]]], round-robin, "
             "least-load or "
             "single:<pool>",
         ) from None
     if policy is Policy.SINGLE and pool not in set(pools):
         raise SLOHeaderError(ROUTE_POLICY_HEADER, f"header {ROUTE_POLICY_HEADER}: unknown pool")
-    placement, _, protect = pool.partition(":")
+    placement, _, rest = pool.partition(":")
+    protect, _, scope = rest.partition(":")
     if policy is Policy.SLO and placement and placement not in set(Placement):
         raise SLOHeaderError(
             ROUTE_POLICY_HEADER,
@@ -125,5 +128,11 @@ def parse_route_policy(
         raise SLOHeaderError(
             ROUTE_POLICY_HEADER,
             f"header {ROUTE_POLICY_HEADER}: protect must be one of {', '.join(Protect)}",
+        )
+    if policy is Policy.SLO and scope not in ("", OWN_INGRESS):
+        raise SLOHeaderError(
+            ROUTE_POLICY_HEADER,
+            f"header {ROUTE_POLICY_HEADER}: after <protect>, only '{OWN_INGRESS}' (protect this "
+            "ingress's requests only)",
         )
     return policy, (pool if policy in (Policy.SINGLE, Policy.SLO) and pool else None)

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
+from serve_app.bench.servers import DIRECT_INGRESS_PORTS
 from serve_app.timing import parse_server_timing
-from tests.integration.conftest import AppServer
+from tests.integration.conftest import AppServer, redeploy
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -168,3 +171,73 @@ def test_documents_sent_together_wait_for_each_others_tpot(app_server: AppServer
     assert all(r.status_code == 200 for r in at_once)
     assert max(_route_ms(at_once)) < hold_ms
     assert any(r.status_code == 429 for r in protected) or max(_route_ms(protected)) >= hold_ms
+
+
+def _ingress_urls() -> list[str]:
+    """Each ingress replica's own HTTP address (behind HAProxy, every ingress replica serves
+    HTTP on a port of its own: Serve's direct ingress)."""
+    urls = []
+    for proc in psutil.process_iter():
+        try:
+            if "ServeReplica:llm:Ingress" not in " ".join(proc.cmdline()):
+                continue
+            ports = [
+                c.laddr.port
+                for c in proc.net_connections(kind="tcp")
+                if c.status == psutil.CONN_LISTEN and c.laddr.port in DIRECT_INGRESS_PORTS
+            ]
+        except psutil.Error:
+            continue
+        urls += [f"http://127.0.0.1:{port}" for port in ports]
+    return sorted(urls)
+
+
+def _others_protect(url: str, pool: str) -> dict[str, Any]:
+    return httpx.get(f"{url}/pools").json()[pool]["protected_by_other_ingresses"]
+
+
+def test_an_ingress_protects_the_requests_another_ingress_admitted(app_server: AppServer) -> None:
+    """Two ingress replicas: a document streaming through one, with a TPOT target, is
+    protected by the other too (each posts what it protects to the pool-state board, and takes
+    the others' posts with the pools' state)."""
+    config = copy.deepcopy(app_server.config)
+    for d in config["applications"][0]["deployments"]:
+        if d["name"] == "Ingress":
+            d["autoscaling_config"] = {**d["autoscaling_config"], "min_replicas": 2}
+    redeploy(app_server, config)
+    try:
+        deadline = time.monotonic() + 60
+        while len(urls := _ingress_urls()) < 2 and time.monotonic() < deadline:
+            time.sleep(1)
+        assert len(urls) == 2, urls
+        one, other = urls
+        assert _others_protect(other, "throughput") == {}
+        doc = {"prompt": [100 + i % 3000 for i in range(3000)], "max_tokens": 200}
+        body = doc | {"ignore_eos": True, "stream": True}
+        # a loose target: the document keeps a positive slack for the whole of its decode
+        headers = {"x-slo-ttft-ms": "30000", "x-slo-tpot-ms": "1000"}
+        seen: list[dict[str, Any]] = []
+        with httpx.stream(
+            "POST", f"{one}/v1/completions", json=body, headers=headers, timeout=120
+        ) as streamed:
+            assert streamed.status_code == 200
+            chunks = streamed.iter_lines()
+            next(chunks)  # its first token: it decodes now
+            deadline = time.monotonic() + 3  # a few board round trips (0.25 s each way)
+            while time.monotonic() < deadline:
+                seen = list(_others_protect(other, "throughput").values())
+                if any(p["decode_slack_ms"] is not None for p in seen):  # posted as decoding
+                    break
+                time.sleep(0.05)
+            view = httpx.get(f"{other}/pools").json()["throughput"]
+            for _ in chunks:
+                pass
+        print(f"\nthe other ingress sees: {seen}; its decode slack {view['decode_slack_ms']} ms")
+        assert len(seen) == 1 and (seen[0]["decode_slack_ms"] or 0) > 0, seen
+        assert view["decode_slack_ms"] is not None
+        deadline = time.monotonic() + 3  # and withdraws it once the document is done
+        while _others_protect(other, "throughput") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _others_protect(other, "throughput") == {}
+    finally:
+        redeploy(app_server, app_server.config)

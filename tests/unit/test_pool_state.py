@@ -1,5 +1,11 @@
 from serve_app.engine.protocol import EngineStats, ReplicaReport
-from serve_app.pool_state import REFUSALS_WINDOW_S, PoolStateBoard, aggregate
+from serve_app.pool_state import (
+    PROTECTED_STALE_AFTER_S,
+    REFUSALS_WINDOW_S,
+    PoolStateBoard,
+    aggregate,
+)
+from serve_app.routing.estimator import Protected, Queued
 
 NOW = 1000.0
 
@@ -104,3 +110,17 @@ def test_snapshot_sums_queued_tokens_and_averages_measured_rates() -> None:
         NOW,
     )
     assert snaps["a"].queued_tokens == 155 and snaps["a"].prefill_tok_s == 2000.0
+
+
+def test_board_hands_each_pools_protected_requests_with_the_ingress_that_posted_them() -> None:
+    board = PoolStateBoard(["a", "b"])
+    one = Protected(NOW, 120.0, (Queued(150, 25, 50, 3000, NOW),))
+    board.protect("ingress-1", {"a": one}, now=NOW)
+    board.protect("ingress-2", {}, now=NOW)
+    snaps = board.snapshot(NOW + 0.5)
+    assert snaps["a"].protected == (("ingress-1", one),)
+    assert snaps["b"].protected == ()
+    # a later post replaces the earlier one; a post older than the window is dropped
+    board.protect("ingress-1", {"b": one}, now=NOW + 0.5)
+    assert board.snapshot(NOW + 0.5)["a"].protected == ()
+    assert board.snapshot(NOW + 0.6 + PROTECTED_STALE_AFTER_S)["b"].protected == ()

@@ -1,7 +1,7 @@
 import pytest
 
-from serve_app.engine.protocol import Placement
-from serve_app.pool_state import PoolSnapshot
+from serve_app.engine.protocol import EngineStats, Placement, ReplicaReport
+from serve_app.pool_state import PROTECTED_STALE_AFTER_S, PoolSnapshot, PoolStateBoard
 from serve_app.routing.config import LatencyPrior, Policy, RoutingConfig
 from serve_app.routing.estimator import Decoding, LatencyModel, Load, Queued
 from serve_app.routing.policy import Reject, RejectReason, RequestFeatures, RouteTo
@@ -206,3 +206,80 @@ def test_configured_colocation_wins_over_where_replicas_run() -> None:
     r = Router({"a": 2048, "b": 2048}, RoutingConfig(colocated=[]))
     r.update({"a": _placed("a", ("n1", ("0",))), "b": _placed("b", ("n1", ("0",)))}, now=NOW)
     assert r.sharing("a") == ["a"]
+
+
+def _two_ingresses() -> tuple[Router, Router, PoolStateBoard]:
+    """Two ingresses' routers on one pool `a` (prefill 0.2 ms a token) and the board between
+    them, with `a`'s replica reporting to it."""
+    board = PoolStateBoard(["a"])
+    board.report(ReplicaReport("a", "r1", EngineStats(), 8192, NOW, prefill_tok_s=5000))
+    routers = tuple(
+        Router({"a": 8192}, RoutingConfig(allow_policy_header=True), ingress_id=name)
+        for name in ("ingress-1", "ingress-2")
+    )
+    for r in routers:
+        r.update(board.snapshot(NOW), now=NOW)
+    return routers[0], routers[1], board
+
+
+def _exchange(board: PoolStateBoard, *routers: Router, now: float = NOW) -> None:
+    """Each router posts what it protects, then takes the board's state (the ingresses'
+    refresh)."""
+    for r in routers:
+        board.protect(r._ingress_id, r.protected(now), now=now)
+    for r in routers:
+        r.update(board.snapshot(now), now=now)
+
+
+def test_an_ingress_protects_the_requests_another_ingress_queued() -> None:
+    one, two, board = _two_ingresses()
+    doc, slo = RequestFeatures(3000, 25), SLO("s", ttft_ms=60_000, tpot_ms=150)
+    # ingress-1 queues five documents: 2,400 ms of slack each, 600 ms a prefill, so the first
+    # has none left for a sixth
+    for i in range(5):
+        one.dispatched("a", 3000, Queued(150, 25, 50, 3000, dispatched_at=NOW + i / 1000))
+    assert isinstance(two.decide(doc, slo, NOW), RouteTo)  # before the board has it
+    _exchange(board, one, two)
+    assert two.views(NOW)[0].queued_slack_ms == pytest.approx(0)
+    refused = two.decide(doc, slo, NOW)
+    assert isinstance(refused, Reject) and refused.reason is RejectReason.PROTECTS_RUNNING
+    # protecting this ingress's requests only, as before the board carried them
+    assert isinstance(two.decide(doc, slo, NOW, Policy.SLO, "headroom:queued:own"), RouteTo)
+    # ingress-1 does not count its own post twice
+    assert one.views(NOW)[0].queued_slack_ms == pytest.approx(0)
+    one.finished("a", 3000, got_first_token=False, queued=next(iter(one._queued["a"])))
+    assert one.views(NOW)[0].queued_slack_ms == pytest.approx(600)
+
+
+def test_queues_of_two_ingresses_are_merged_in_dispatch_order() -> None:
+    one, two, board = _two_ingresses()
+    # ingress-2's document came second: the prefill of ingress-1's later one spends its slack
+    one.dispatched("a", 3000, Queued(150, 25, 50, 3000, dispatched_at=NOW))
+    two.dispatched("a", 3000, Queued(150, 25, 50, 3000, dispatched_at=NOW + 0.1))
+    one.dispatched("a", 1000, Queued(150, 25, 50, 1000, dispatched_at=NOW + 0.2))
+    _exchange(board, one, two)
+    # the first: 2,400 less 4,000 tokens after it (800 ms); the second: 2,400 less 200 ms
+    assert one.views(NOW)[0].queued_slack_ms == pytest.approx(1600)
+    assert two.views(NOW)[0].queued_slack_ms == pytest.approx(1600)
+
+
+def test_an_ingress_protects_the_requests_another_ingress_has_decoding() -> None:
+    one, two, board = _two_ingresses()
+    d = Decoding(tpot_target_ms=40, max_tokens=11, predicted_tpot_ms=20, first_at=NOW)
+    one.dispatched("a", 10)
+    one.first_token("a", 10, d)
+    _exchange(board, one, two)
+    assert two.views(NOW)[0].decode_slack_ms == pytest.approx(400 - 10 * 20)
+    one.finished("a", 10, got_first_token=True, decoding=d)
+    _exchange(board, one, two)  # the empty post withdraws it
+    assert two.views(NOW)[0].decode_slack_ms is None
+
+
+def test_what_a_silent_ingress_protected_is_forgotten() -> None:
+    one, two, board = _two_ingresses()
+    one.dispatched("a", 3000, Queued(150, 25, 50, 3000, dispatched_at=NOW))
+    _exchange(board, one, two)
+    assert two.views(NOW)[0].queued_slack_ms == pytest.approx(2400)
+    later = NOW + PROTECTED_STALE_AFTER_S + 0.1  # ingress-1 stopped posting
+    two.update(board.snapshot(later), now=later)
+    assert two.views(later)[0].queued_slack_ms is None

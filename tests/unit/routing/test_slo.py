@@ -69,7 +69,9 @@ def test_route_policy_header_needs_the_config_to_allow_it() -> None:
     assert parse_route_policy(least, allowed, ["a"]) == (Policy.LEAST_LOAD, None)
     decoding = {"x-route-policy": "slo:headroom:decoding"}
     assert parse_route_policy(decoding, allowed, ["a"]) == (Policy.SLO, "headroom:decoding")
-    for bad in ("single:zzz", "random", "slo:nearest", "slo:headroom:nobody"):
+    own = {"x-route-policy": "slo:headroom:queued:own"}
+    assert parse_route_policy(own, allowed, ["a"]) == (Policy.SLO, "headroom:queued:own")
+    for bad in ("single:zzz", "random", "slo:nearest", "slo:headroom:nobody", "slo::queued:all"):
         with pytest.raises(SLOHeaderError):
             parse_route_policy({"x-route-policy": bad}, allowed, ["a"])
 
