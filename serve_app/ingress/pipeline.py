@@ -308,10 +308,11 @@ class RequestPipeline:
         if self._refused:
             refused, self._refused = self._refused, {}
             self._board.refused.remote(refused)
-        protected = self._router.protected()
-        if protected or self._protecting:  # an empty post withdraws the last one
-            self._board.protect.remote(self._ingress_id, protected)
-            self._protecting = bool(protected)
+        if self._config.routing.protect_across_ingresses:  # else no ingress reads the posts
+            protected = self._router.protected()
+            if protected or self._protecting:  # an empty post withdraws the last one
+                self._board.protect.remote(self._ingress_id, protected)
+                self._protecting = bool(protected)
         snapshot = await asyncio.wait_for(self._board.snapshot.remote(), BOARD_TIMEOUT_S)
         self._router.update(snapshot)
 

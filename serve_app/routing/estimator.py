@@ -291,11 +291,10 @@ class Queued:
 
 @dataclass(frozen=True, slots=True)
 class Protected:
-    """What one ingress's admission protects on one pool, as of `at`: shared through the
-    pool-state board, so that each ingress protects the requests the others dispatched too
-    (each knows its own at once, the others' a board round trip late)."""
+    """What one ingress's admission protects on one pool: shared through the pool-state
+    board, so that each ingress protects the requests the others dispatched too (each knows
+    its own at once, the others' a board round trip late)."""
 
-    at: float  # time.time() it was taken
     decode_slack_ms: float | None  # the smallest slack of its requests decoding there
     queued: tuple[Queued, ...] = ()  # its requests waiting there for a first token, in order
 

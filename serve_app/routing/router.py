@@ -153,7 +153,7 @@ class Router:
             decode = decode_slack_ms(self._decoding[name], now)
             queued = tuple(self._queued[name])
             if decode is not None or queued:
-                out[name] = Protected(now, decode, queued)
+                out[name] = Protected(decode, queued)
         return out
 
     def _all_queued(self, pool: str, others_too: bool) -> list[Queued]:

@@ -114,7 +114,7 @@ def test_snapshot_sums_queued_tokens_and_averages_measured_rates() -> None:
 
 def test_board_hands_each_pools_protected_requests_with_the_ingress_that_posted_them() -> None:
     board = PoolStateBoard(["a", "b"])
-    one = Protected(NOW, 120.0, (Queued(150, 25, 50, 3000, NOW),))
+    one = Protected(120.0, (Queued(150, 25, 50, 3000, NOW),))
     board.protect("ingress-1", {"a": one}, now=NOW)
     board.protect("ingress-2", {}, now=NOW)
     snaps = board.snapshot(NOW + 0.5)
