@@ -375,9 +375,14 @@ class RequestPipeline:
                 "path_ms": view.model.path(now),
                 "decode_slack_ms": view.decode_slack_ms,  # theirs and their device-mates'
                 "queued_slack_ms": view.queued_slack_ms,
+                "decode_pace_ms": view.decode_pace_ms,  # its decoding requests' pace: TPOT floor
                 # what the other ingresses protect here (counted in the two slacks above)
                 "protected_by_other_ingresses": {
-                    ingress: {"queued": len(p.queued), "decode_slack_ms": p.decode_slack_ms}
+                    ingress: {
+                        "queued": len(p.queued),
+                        "decode_slack_ms": p.decode_slack_ms,
+                        "decode_pace_ms": p.decode_pace_ms,
+                    }
                     for ingress, p in snap.protected
                     if ingress != self._ingress_id
                 },

@@ -129,6 +129,12 @@ class RoutingConfig(BaseModel):
         "to the pool-state board and takes the others', a board round trip late), not only "
         "this replica's.",
     )
+    tpot_at_least_pace: bool = Field(
+        True,
+        description="A pool's predicted TPOT is at least the pace its decoding requests keep "
+        "now (the median of their measured time per token): every request on an engine gets "
+        "a token per step, so theirs is the step time a new one would share.",
+    )
     max_held: int = Field(
         64,
         ge=0,
@@ -141,7 +147,8 @@ class RoutingConfig(BaseModel):
     )
     allow_policy_header: bool = Field(
         False,
-        description="Honour `x-route-policy` (slo[:<placement>[:<protect>[:own]]] | round-robin | "
+        description="Honour `x-route-policy` (slo[:<placement>[:<protect>[:<switches>]]] | "
+        "round-robin | "
         "least-load | single:<pool>) per request: "
         "for benchmarks comparing policies on the same replicas; never on an open endpoint.",
     )

@@ -253,8 +253,13 @@ class Decoding:
         """Its time per output token when nothing stalls it: the median of its latest gaps (the
         prediction until it has two). A prefill that stalled it once is one gap, not its pace,
         so a request that sat through one stall still counts as one admission must protect."""
+        measured = self.measured_pace_ms()
+        return self.predicted_tpot_ms if measured is None else measured
+
+    def measured_pace_ms(self) -> float | None:
+        """Its pace as measured (None until it has two gaps)."""
         if len(self.gaps_ms) < 2:
-            return self.predicted_tpot_ms
+            return None
         return statistics.median(self.gaps_ms)
 
     def slack_ms(self, now: float) -> float:
@@ -264,6 +269,14 @@ class Decoding:
         elapsed_ms = max(0.0, now - self.first_at) * 1e3
         budget_ms = self.tpot_target_ms * max(1, self.max_tokens - 1)
         return budget_ms - elapsed_ms - remaining * self.pace_ms()
+
+
+def decode_pace_ms(paces: Iterable[float | None]) -> float | None:
+    """The pace a pool's engine keeps now: the median of its decoding requests' measured paces
+    (None: none measured yet). Continuous batching gives every request decoding on one engine a
+    token per step, so each measures the same step time, stalls aside."""
+    measured = [p for p in paces if p is not None]
+    return statistics.median(measured) if measured else None
 
 
 def decode_slack_ms(decoding: Iterable[Decoding], now: float) -> float | None:
@@ -297,6 +310,7 @@ class Protected:
 
     decode_slack_ms: float | None  # the smallest slack of its requests decoding there
     queued: tuple[Queued, ...] = ()  # its requests waiting there for a first token, in order
+    decode_pace_ms: float | None = None  # the pace its requests decoding there keep (measured)
 
 
 def queued_slack_ms(queued: Iterable[Queued], ms_per_prefill_token: float) -> float | None:

@@ -98,6 +98,9 @@ class PoolView:
     # the prefill time a new prompt may add there without making a request queued for its
     # first token (there or on a pool sharing its device) miss its TPOT target (`Queued`)
     queued_slack_ms: float | None = None
+    # the pace its requests decoding now keep, ms a token (None: none measured): a floor under
+    # its predicted TPOT
+    decode_pace_ms: float | None = None
 
     @property
     def load(self) -> Load:
@@ -130,7 +133,11 @@ Decision = RouteTo | Reject
 
 
 def predict(pool: PoolView, features: RequestFeatures, now: float) -> Prediction:
-    return pool.model.predict(features.prompt_tokens, pool.load, now)
+    pred = pool.model.predict(features.prompt_tokens, pool.load, now)
+    pace = pool.decode_pace_ms
+    if pace is not None and pace > pred.tpot_ms:  # its engines' steps take this long now
+        return Prediction(pred.ttft_ms, pace)
+    return pred
 
 
 def _saturated(pool: PoolView, config: RoutingConfig) -> bool:

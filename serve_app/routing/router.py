@@ -34,6 +34,7 @@ from serve_app.routing.estimator import (
     Load,
     Protected,
     Queued,
+    decode_pace_ms,
     decode_slack_ms,
     queued_slack_ms,
 )
@@ -44,7 +45,7 @@ from serve_app.routing.policy import (
     decide,
     decide_plain,
 )
-from serve_app.routing.slo import OWN_INGRESS, SLO
+from serve_app.routing.slo import SLO, SWITCHES
 
 
 @dataclass(slots=True)
@@ -152,9 +153,17 @@ class Router:
         for name in self._snapshots:
             decode = decode_slack_ms(self._decoding[name], now)
             queued = tuple(self._queued[name])
-            if decode is not None or queued:
-                out[name] = Protected(decode, queued)
+            pace = decode_pace_ms(d.measured_pace_ms() for d in self._decoding[name])
+            if decode is not None or queued or pace is not None:
+                out[name] = Protected(decode, queued, pace)
         return out
+
+    def _decode_pace_ms(self, name: str, others_too: bool) -> float | None:
+        """The pace `name`'s engines keep now, from the requests decoding there: this
+        ingress's, and each other ingress's as it posted it (`others_too`)."""
+        mine = [d.measured_pace_ms() for d in self._decoding[name]]
+        theirs = [o.decode_pace_ms for o in self._others[name]] if others_too else []
+        return decode_pace_ms(mine + theirs)
 
     def _all_queued(self, pool: str, others_too: bool) -> list[Queued]:
         """Every ingress's requests queued on `pool` (`others_too`; else this one's), in
@@ -174,11 +183,16 @@ class Router:
         return min((s for s in (mine, *theirs) if s is not None), default=None)
 
     def views(
-        self, now: float | None = None, queued: bool = True, others_too: bool = True
+        self,
+        now: float | None = None,
+        queued: bool = True,
+        others_too: bool = True,
+        pace: bool = True,
     ) -> list[PoolView]:
         """What the policy sees of each pool; `queued`: with the slack of the requests queued
         for their first token (admission protects them too); `others_too`: the slacks of the
-        other ingresses' requests too."""
+        other ingresses' requests too; `pace`: with the pace its decoding requests keep (a
+        floor under its predicted TPOT)."""
         now = time.time() if now is None else now
         board_stale = self.board_stale(now)
         # each pool's queued slack once: pools sharing a device each take the smallest of theirs
@@ -204,6 +218,7 @@ class Router:
                     queued_tokens=max(snap.queued_tokens, local.queued_tokens),
                     decode_slack_ms=self._decode_slack_ms(name, now, others_too),
                     queued_slack_ms=self._queued_slack_ms(name, by_pool) if queued else None,
+                    decode_pace_ms=self._decode_pace_ms(name, others_too) if pace else None,
                 )
             )
         return views
@@ -237,6 +252,7 @@ class Router:
                 now,
                 queued=config.protect is Protect.QUEUED,
                 others_too=config.protect_across_ingresses,
+                pace=config.tpot_at_least_pace,
             )
             return decide(features, slo, views, config, now)
         if commit:
@@ -246,17 +262,17 @@ class Router:
         return decide_plain(features, self.views(now), now, self._turn, only, least_load)
 
     def _variant(self, policy_arg: str) -> RoutingConfig:
-        """The config with the placement and protection `<placement>[:<protect>[:own]]`
-        names."""
+        """The config with the placement, protection and switches
+        `<placement>[:<protect>[:<switch>[+<switch>]]]` name (slo.py `SWITCHES`)."""
         placement, _, rest = policy_arg.partition(":")
-        protect, _, scope = rest.partition(":")
+        protect, _, switches = rest.partition(":")
         update: dict[str, Placement | Protect | bool] = {}
         if placement:
             update["placement"] = Placement(placement)
         if protect:
             update["protect"] = Protect(protect)
-        if scope == OWN_INGRESS:
-            update["protect_across_ingresses"] = False
+        for switch in filter(None, switches.split("+")):
+            update[SWITCHES[switch]] = False
         return self._config.model_copy(update=update)
 
     def dispatched(self, pool: str, prompt_tokens: int, queued: Queued | None = None) -> None:

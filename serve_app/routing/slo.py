@@ -18,7 +18,12 @@ TPOT_HEADERS = ("x-slo-tpot-ms", "x-llm-d-slo-tpot-ms")
 CLASS_HEADER = "x-slo-class"
 POLICY_HEADER = "x-slo-policy"
 ROUTE_POLICY_HEADER = "x-route-policy"
-OWN_INGRESS = "own"  # x-route-policy: slo:<placement>:<protect>:own
+# x-route-policy: slo:<placement>:<protect>:<switch>[+<switch>]: each turns one routing
+# setting off for the request (to compare with and without it on the same replicas)
+SWITCHES = {
+    "own": "protect_across_ingresses",  # protect this ingress's requests only
+    "modelled": "tpot_at_least_pace",  # the TPOT model alone, not floored by the live pace
+}
 _MAX_TARGET_MS = 3_600_000
 _MAX_TARGET_DIGITS = len(str(_MAX_TARGET_MS))
 # Headers that decide a request's SLO and route: each may be given once.
@@ -98,10 +103,10 @@ def parse_slo(headers: Mapping[str, str], config: RoutingConfig) -> SLO:
 def parse_route_policy(
     headers: Mapping[str, str], config: RoutingConfig, pools: Iterable[str]
 ) -> tuple[Policy, str | None]:
-    """`x-route-policy: slo[:<placement>[:<protect>[:own]]] | round-robin | least-load |
-    single:<pool>`, honoured only when the config allows (`own`: admission protects this
-    ingress's requests only). Returns the policy and its argument (the pool, or the placement
-    with what admission protects, as given)."""
+    """`x-route-policy: slo[:<placement>[:<protect>[:<switch>[+<switch>]]]] | round-robin |
+    least-load | single:<pool>`, honoured only when the config allows (switches: `SWITCHES`).
+    Returns the policy and its argument (the pool, or the placement with what admission
+    protects and the switches, as given)."""
     raw = headers.get(ROUTE_POLICY_HEADER, "").strip()
     if not raw or not config.allow_policy_header:
         return Policy.SLO, None
@@ -111,14 +116,15 @@ def parse_route_policy(
     except ValueError:
         raise SLOHeaderError(
             ROUTE_POLICY_HEADER,
-            f"header {ROUTE_POLICY_HEADER}: slo[:<placement>[:<protect>[:own]]], round-robin, "
+            f"header {ROUTE_POLICY_HEADER}: slo[:<placement>[:<protect>[:<switches>]]], "
+            "round-robin, "
             "least-load or "
             "single:<pool>",
         ) from None
     if policy is Policy.SINGLE and pool not in set(pools):
         raise SLOHeaderError(ROUTE_POLICY_HEADER, f"header {ROUTE_POLICY_HEADER}: unknown pool")
     placement, _, rest = pool.partition(":")
-    protect, _, scope = rest.partition(":")
+    protect, _, switches = rest.partition(":")
     if policy is Policy.SLO and placement and placement not in set(Placement):
         raise SLOHeaderError(
             ROUTE_POLICY_HEADER,
@@ -129,10 +135,10 @@ def parse_route_policy(
             ROUTE_POLICY_HEADER,
             f"header {ROUTE_POLICY_HEADER}: protect must be one of {', '.join(Protect)}",
         )
-    if policy is Policy.SLO and scope not in ("", OWN_INGRESS):
+    if policy is Policy.SLO and not set(filter(None, switches.split("+"))) <= SWITCHES.keys():
         raise SLOHeaderError(
             ROUTE_POLICY_HEADER,
-            f"header {ROUTE_POLICY_HEADER}: after <protect>, only '{OWN_INGRESS}' (protect this "
-            "ingress's requests only)",
+            f"header {ROUTE_POLICY_HEADER}: switches after <protect> are "
+            f"{', '.join(SWITCHES)}, joined by '+'",
         )
     return policy, (pool if policy in (Policy.SINGLE, Policy.SLO) and pool else None)

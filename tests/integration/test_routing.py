@@ -199,7 +199,8 @@ def _others_protect(url: str, pool: str) -> dict[str, Any]:
 def test_an_ingress_protects_the_requests_another_ingress_admitted(app_server: AppServer) -> None:
     """Two ingress replicas: a document streaming through one, with a TPOT target, is
     protected by the other too (each posts what it protects to the pool-state board, and takes
-    the others' posts with the pools' state)."""
+    the others' posts with the pools' state), and its pace is the other's floor under the
+    pool's predicted TPOT."""
     config = copy.deepcopy(app_server.config)
     for d in config["applications"][0]["deployments"]:
         if d["name"] == "Ingress":
@@ -226,15 +227,19 @@ def test_an_ingress_protects_the_requests_another_ingress_admitted(app_server: A
             deadline = time.monotonic() + 3  # a few board round trips (0.25 s each way)
             while time.monotonic() < deadline:
                 seen = list(_others_protect(other, "throughput").values())
-                if any(p["decode_slack_ms"] is not None for p in seen):  # posted as decoding
+                if any(p["decode_pace_ms"] is not None for p in seen):  # decoding, paced
                     break
                 time.sleep(0.05)
             view = httpx.get(f"{other}/pools").json()["throughput"]
             for _ in chunks:
                 pass
-        print(f"\nthe other ingress sees: {seen}; its decode slack {view['decode_slack_ms']} ms")
+        print(
+            f"\nthe other ingress sees: {seen}; its decode slack {view['decode_slack_ms']} ms, "
+            f"pace {view['decode_pace_ms']} ms"
+        )
         assert len(seen) == 1 and (seen[0]["decode_slack_ms"] or 0) > 0, seen
         assert view["decode_slack_ms"] is not None
+        assert view["decode_pace_ms"] is not None  # the pool's pace, from the only one decoding
         deadline = time.monotonic() + 3  # and withdraws it once the document is done
         while _others_protect(other, "throughput") and time.monotonic() < deadline:
             time.sleep(0.05)

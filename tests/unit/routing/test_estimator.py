@@ -9,6 +9,7 @@ from serve_app.routing.estimator import (
     LatencyModel,
     Load,
     Queued,
+    decode_pace_ms,
     decode_slack_ms,
     queued_slack_ms,
 )
@@ -159,3 +160,15 @@ def test_a_model_that_predicts_no_own_time_learns_nothing_from_the_split() -> No
     free = LatencyModel(LatencyPrior(ttft_base_ms=0, ttft_ms_per_prompt_token=0))
     learned = free.learn(10, Load(waiting=0.25), 50.0, None, 1.0, T0, path_ms=10.0, queue_ms=5.0)
     assert learned.factors(T0) == free.factors(T0)
+
+
+def test_a_pools_pace_is_the_median_of_its_measured_decodes() -> None:
+    assert decode_pace_ms([]) is None
+    assert decode_pace_ms([None, None]) is None
+    assert decode_pace_ms([30.0, None, 10.0, 20.0]) == 20.0
+    now = 1000.0
+    d = Decoding(tpot_target_ms=100, max_tokens=10, predicted_tpot_ms=5, first_at=now)
+    d.advance(2, now + 0.04)
+    assert d.measured_pace_ms() is None and d.pace_ms() == 5  # one gap: the prediction
+    d.advance(3, now + 0.10)
+    assert d.measured_pace_ms() == pytest.approx(50)

@@ -495,3 +495,13 @@ def test_a_request_goes_where_it_breaks_no_one_when_another_pool_fits() -> None:
     crowded_low = replace(LOW, model=prefilling_low, decode_slack_ms=0)
     no_target = decide(req(), SLO("b"), [crowded_low, THR], CONFIG, NOW)
     assert isinstance(no_target, RouteTo) and no_target.pool == "throughput"
+
+
+def test_the_pace_decoding_requests_keep_is_a_floor_under_the_predicted_tpot() -> None:
+    """The model predicts 10 ms a token on the throughput pool; its decoding requests keep
+    200 ms a token now (prefills stall their steps): a 150 ms TPOT target is not met there."""
+    doc, slo = req(3000, 32), SLO("s", ttft_ms=10_000, tpot_ms=150)
+    assert isinstance(decide(doc, slo, [replace(THR, decode_pace_ms=20)], CONFIG, NOW), RouteTo)
+    slow = decide(doc, slo, [replace(THR, decode_pace_ms=200)], CONFIG, NOW)
+    assert isinstance(slow, Reject) and slow.reason is RejectReason.SLO_UNMEETABLE
+    assert "TPOT 200.0 ms" in slow.message

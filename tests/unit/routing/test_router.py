@@ -283,3 +283,21 @@ def test_what_a_silent_ingress_protected_is_forgotten() -> None:
     later = NOW + PROTECTED_STALE_AFTER_S + 0.1  # ingress-1 stopped posting
     two.update(board.snapshot(later), now=later)
     assert two.views(later)[0].queued_slack_ms is None
+
+
+def test_the_pace_of_every_ingress_s_decoding_requests_floors_the_tpot() -> None:
+    one, two, board = _two_ingresses()
+    d = Decoding(tpot_target_ms=400, max_tokens=100, predicted_tpot_ms=20, first_at=NOW)
+    one.dispatched("a", 10)
+    one.first_token("a", 10, d)
+    assert one.views(NOW)[0].decode_pace_ms is None  # not measured yet
+    for i in range(2, 5):  # 300 ms a token
+        d.advance(i, NOW + 0.3 * (i - 1))
+    assert one.views(NOW + 1)[0].decode_pace_ms == pytest.approx(300)
+    _exchange(board, one, two, now=NOW + 1)
+    assert two.views(NOW + 1)[0].decode_pace_ms == pytest.approx(300)
+    doc, slo = RequestFeatures(100, 25), SLO("s", ttft_ms=60_000, tpot_ms=150)
+    refused = two.decide(doc, slo, NOW + 1)
+    assert isinstance(refused, Reject) and refused.reason is RejectReason.SLO_UNMEETABLE
+    modelled = two.decide(doc, slo, NOW + 1, Policy.SLO, "headroom:queued:modelled")
+    assert isinstance(modelled, RouteTo)
