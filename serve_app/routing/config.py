@@ -130,10 +130,12 @@ class RoutingConfig(BaseModel):
         "this replica's.",
     )
     tpot_at_least_pace: bool = Field(
-        True,
+        False,
         description="A pool's predicted TPOT is at least the pace its decoding requests keep "
         "now (the median of their measured time per token): every request on an engine gets "
-        "a token per step, so theirs is the step time a new one would share.",
+        "a token per step, so theirs is the step time a new one would share. Off by default: "
+        "on the CPU machine it cut the documents' TPOT misses but also moved interactive "
+        "requests to the pool beside the documents (docs/results/goodput.md).",
     )
     max_held: int = Field(
         64,

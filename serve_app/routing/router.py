@@ -272,7 +272,8 @@ class Router:
         if protect:
             update["protect"] = Protect(protect)
         for switch in filter(None, switches.split("+")):
-            update[SWITCHES[switch]] = False
+            setting, value = SWITCHES[switch]
+            update[setting] = value
         return self._config.model_copy(update=update)
 
     def dispatched(self, pool: str, prompt_tokens: int, queued: Queued | None = None) -> None:

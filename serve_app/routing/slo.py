@@ -18,11 +18,12 @@ TPOT_HEADERS = ("x-slo-tpot-ms", "x-llm-d-slo-tpot-ms")
 CLASS_HEADER = "x-slo-class"
 POLICY_HEADER = "x-slo-policy"
 ROUTE_POLICY_HEADER = "x-route-policy"
-# x-route-policy: slo:<placement>:<protect>:<switch>[+<switch>]: each turns one routing
-# setting off for the request (to compare with and without it on the same replicas)
+# x-route-policy: slo:<placement>:<protect>:<switch>[+<switch>]: each sets one routing setting
+# for the request (to compare with and without it on the same replicas)
 SWITCHES = {
-    "own": "protect_across_ingresses",  # protect this ingress's requests only
-    "modelled": "tpot_at_least_pace",  # the TPOT model alone, not floored by the live pace
+    "own": ("protect_across_ingresses", False),  # protect this ingress's requests only
+    "modelled": ("tpot_at_least_pace", False),  # the TPOT model alone
+    "paced": ("tpot_at_least_pace", True),  # the TPOT model floored by the live pace
 }
 _MAX_TARGET_MS = 3_600_000
 _MAX_TARGET_DIGITS = len(str(_MAX_TARGET_MS))

@@ -297,7 +297,6 @@ def test_the_pace_of_every_ingress_s_decoding_requests_floors_the_tpot() -> None
     _exchange(board, one, two, now=NOW + 1)
     assert two.views(NOW + 1)[0].decode_pace_ms == pytest.approx(300)
     doc, slo = RequestFeatures(100, 25), SLO("s", ttft_ms=60_000, tpot_ms=150)
-    refused = two.decide(doc, slo, NOW + 1)
-    assert isinstance(refused, Reject) and refused.reason is RejectReason.SLO_UNMEETABLE
-    modelled = two.decide(doc, slo, NOW + 1, Policy.SLO, "headroom:queued:modelled")
-    assert isinstance(modelled, RouteTo)
+    paced = two.decide(doc, slo, NOW + 1, Policy.SLO, "headroom:queued:paced")
+    assert isinstance(paced, Reject) and paced.reason is RejectReason.SLO_UNMEETABLE
+    assert isinstance(two.decide(doc, slo, NOW + 1), RouteTo)  # the model alone (the default)

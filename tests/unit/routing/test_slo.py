@@ -71,8 +71,8 @@ def test_route_policy_header_needs_the_config_to_allow_it() -> None:
     assert parse_route_policy(decoding, allowed, ["a"]) == (Policy.SLO, "headroom:decoding")
     own = {"x-route-policy": "slo:headroom:queued:own"}
     assert parse_route_policy(own, allowed, ["a"]) == (Policy.SLO, "headroom:queued:own")
-    both = {"x-route-policy": "slo:headroom:queued:own+modelled"}
-    assert parse_route_policy(both, allowed, ["a"]) == (Policy.SLO, "headroom:queued:own+modelled")
+    both = {"x-route-policy": "slo:headroom:queued:own+paced"}
+    assert parse_route_policy(both, allowed, ["a"]) == (Policy.SLO, "headroom:queued:own+paced")
     for bad in ("single:zzz", "random", "slo:nearest", "slo:headroom:nobody", "slo::queued:all"):
         with pytest.raises(SLOHeaderError):
             parse_route_policy({"x-route-policy": bad}, allowed, ["a"])
