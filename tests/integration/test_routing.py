@@ -118,25 +118,32 @@ def test_pools_on_one_cpu_protect_each_others_decodes(app_server: AppServer) -> 
     assert pools["throughput"]["shares_device_with"] == ["low-latency"], pools
 
 
-def _burst(server: AppServer, ks: tuple[int, ...], policy: str) -> list[httpx.Response]:
-    """Documents (3,000 tokens, only `throughput` holds them) sent together, with a TPOT target
-    just above what routing predicts for one now (it learns from what ran before: a fixed
-    target could be unmeetable), so that each has far less slack than a prompt's prefill
+def _burst(ingress: str, ks: tuple[int, ...], policy: str) -> list[httpx.Response]:
+    """Documents (3,000 tokens, only `throughput` holds them) sent together to one ingress
+    replica (each learns on its own, and the target is set from its prediction), with a TPOT
+    target just above what routing predicts for one now (it learns from what ran before: a
+    fixed target could be unmeetable), so that each has far less slack than a prompt's prefill
     takes; `ks` makes each prompt its own (no prefix cache hits)."""
     docs = [
         {"prompt": [100 + (i * k) % 3000 for i in range(3000)], "max_tokens": 2, "ignore_eos": True}
         for k in (*ks, ks[0] + 1)
     ]
-    probe = post(server, docs.pop(), {"x-slo-class": "batch"})
+    url = f"{ingress}/v1/completions"
+    probe = httpx.post(url, json=docs.pop(), headers={"x-slo-class": "batch"}, timeout=120)
     assert probe.status_code == 200, probe.text
     # the slack of each (2 tokens: target - predicted TPOT) is half what one prompt's prefill
     # takes at the pool's prefill rate (measured, or the prior's 0.05 ms a token)
-    tok_s = httpx.get(f"{server.url}/pools").json()["throughput"]["prefill_tok_s"] or 20_000
+    tok_s = httpx.get(f"{ingress}/pools").json()["throughput"]["prefill_tok_s"] or 20_000
     tpot_ms = float(probe.headers["x-route-predicted-tpot-ms"]) + 0.5 * 3000 * 1000 / tok_s
     headers = {"x-slo-ttft-ms": "30000", "x-slo-tpot-ms": f"{tpot_ms:.0f}"}
     with ThreadPoolExecutor(len(docs)) as pool:
         return list(
-            pool.map(lambda doc: post(server, doc, headers | {"x-route-policy": policy}), docs)
+            pool.map(
+                lambda doc: httpx.post(
+                    url, json=doc, headers=headers | {"x-route-policy": policy}, timeout=120
+                ),
+                docs,
+            )
         )
 
 
@@ -154,8 +161,10 @@ def test_documents_sent_together_wait_for_each_others_tpot(app_server: AppServer
     once (each would decode while the others prefill). The later ones wait at the ingress,
     which shows as their `route` stage (or are refused for it). Protecting only the decoding
     requests (`slo:headroom:decoding`) lets the whole burst in at once."""
-    at_once = _burst(app_server, (1, 3, 7, 11), "slo:headroom:decoding")
-    protected = _burst(app_server, (13, 17, 19, 23), "slo:headroom:queued")
+    # one ingress replica (the flood before may have scaled them to two)
+    ingress = _ingress_urls()[0]
+    at_once = _burst(ingress, (1, 3, 7, 11), "slo:headroom:decoding")
+    protected = _burst(ingress, (13, 17, 19, 23), "slo:headroom:queued")
     print(
         f"\n4 documents together: decoding-only route ms {_route_ms(at_once)}; queued too "
         f"route ms {_route_ms(protected)}, {sum(r.status_code == 429 for r in protected)} refused"
