@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,22 +211,30 @@ FALLBACK_PROXY_PORT = 8500
 DIRECT_INGRESS_PORTS = range(30000, 31001)
 
 
+def direct_ingress_urls(processes: Iterable[psutil.Process]) -> list[str]:
+    """The HTTP address of every ingress replica among `processes` under Serve's direct ingress
+    (each ingress replica serves HTTP on a port of its own), sorted."""
+    urls = []
+    for proc in processes:
+        try:
+            if "ServeReplica:llm:Ingress" not in " ".join(proc.cmdline()):
+                continue
+            ports = [
+                c.laddr.port
+                for c in proc.net_connections(kind="tcp")
+                if c.status == psutil.CONN_LISTEN and c.laddr.port in DIRECT_INGRESS_PORTS
+            ]
+        except psutil.Error:
+            continue
+        urls += [f"http://{LOOPBACK}:{port}" for port in ports]
+    return sorted(urls)
+
+
 def direct_ingress_url(app_root: int, timeout_s: float = 60) -> str:
     """The HTTP address of the app's (first) ingress replica under Serve's direct ingress."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        for proc in psutil.Process(app_root).children(recursive=True):
-            try:
-                if "ServeReplica:llm:Ingress" not in " ".join(proc.cmdline()):
-                    continue
-                ports = sorted(
-                    c.laddr.port
-                    for c in proc.net_connections(kind="tcp")
-                    if c.status == psutil.CONN_LISTEN and c.laddr.port in DIRECT_INGRESS_PORTS
-                )
-            except psutil.Error:
-                continue
-            if ports:
-                return f"http://{LOOPBACK}:{ports[0]}"
+        if urls := direct_ingress_urls(psutil.Process(app_root).children(recursive=True)):
+            return urls[0]
         time.sleep(1)
     raise TimeoutError("no ingress replica listens on a direct-ingress port")

@@ -13,7 +13,7 @@ import httpx
 import psutil
 import pytest
 
-from serve_app.bench.servers import DIRECT_INGRESS_PORTS
+from serve_app.bench.servers import direct_ingress_urls
 from serve_app.timing import parse_server_timing
 from tests.integration.conftest import AppServer, redeploy
 
@@ -183,22 +183,9 @@ def test_documents_sent_together_wait_for_each_others_tpot(app_server: AppServer
 
 
 def _ingress_urls() -> list[str]:
-    """Each ingress replica's own HTTP address (behind HAProxy, every ingress replica serves
-    HTTP on a port of its own: Serve's direct ingress)."""
-    urls = []
-    for proc in psutil.process_iter():
-        try:
-            if "ServeReplica:llm:Ingress" not in " ".join(proc.cmdline()):
-                continue
-            ports = [
-                c.laddr.port
-                for c in proc.net_connections(kind="tcp")
-                if c.status == psutil.CONN_LISTEN and c.laddr.port in DIRECT_INGRESS_PORTS
-            ]
-        except psutil.Error:
-            continue
-        urls += [f"http://127.0.0.1:{port}" for port in ports]
-    return sorted(urls)
+    """Each ingress replica's own HTTP address (its Ray runs under pytest, not under an app
+    process: every process is searched)."""
+    return direct_ingress_urls(psutil.process_iter())
 
 
 def _others_protect(url: str, pool: str) -> dict[str, Any]:
