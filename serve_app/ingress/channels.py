@@ -30,6 +30,12 @@ RETRY_S = 1.0  # after a failed or refused channel call, wait this long before t
 IN_FLIGHT_S = 5.0
 
 
+class CallCancelled(Exception):
+    """The request's own call was cancelled on the replica's side, not by this ingress (Ray
+    raises a task cancelled there as asyncio.CancelledError in the caller): the call is over,
+    with no chunk more to come on it."""
+
+
 class _Ended:
     """The request's own call ended (without error)."""
 
@@ -70,7 +76,13 @@ class ChannelStream:
                 self._own_chunks += 1
                 self._queue.put_nowait(chunk)
         except asyncio.CancelledError:
-            raise
+            task = asyncio.current_task()
+            if self._done or (task is not None and task.cancelling()):
+                raise  # cancel() or the loop's shutdown: nobody waits for more
+            # cancelled on the replica's side: the reader would otherwise wait forever (and
+            # its request stay counted, and protected, in routing)
+            self._queue.put_nowait(CallCancelled(self._key))
+            self._release()
         except BaseException as e:
             self._queue.put_nowait(e)
             self._release()

@@ -15,6 +15,7 @@ from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError
 
 from serve_app.engine.protocol import EngineDeadError, EngineRequestError
+from serve_app.ingress.channels import CallCancelled
 from serve_app.routing.policy import Reject
 
 _MAX_MESSAGE_CHARS = 300
@@ -159,4 +160,6 @@ def engine_error(e: BaseException) -> ServeError:
         return ServiceUnavailable("the engine replica serving this request failed", retry_after_s=1)
     if type(e) is RuntimeError and str(e).startswith(_LOST_REPLY_PREFIX):
         return ReplyLost("the engine replica's answer was lost on the way", retry_after_s=1)
+    if isinstance(e, CallCancelled):
+        return ReplyLost("the engine replica cancelled the call", retry_after_s=1)
     return EngineFailure("the engine failed to generate")

@@ -4,10 +4,12 @@ engine, through in-process handles (serve_app.local), as the pipeline uses them.
 import asyncio
 from typing import Any
 
+import pytest
+
 from serve_app.engine.fake import FakeEngine
 from serve_app.engine.protocol import GenerationRequest, StreamChunk
 from serve_app.engine.replica import EngineReplica
-from serve_app.ingress.channels import ChannelStream, IngressChannels
+from serve_app.ingress.channels import CallCancelled, ChannelStream, IngressChannels
 from serve_app.local import LocalHandle
 from serve_app.profiles import EngineArgs, EngineProfile, Platform
 
@@ -152,3 +154,49 @@ async def test_a_second_channel_to_the_same_replica_is_refused() -> None:
     hello = await anext(handle.channel.remote("ingress-a"))
     assert not hello.accepted
     assert channels.open_to("p") == {hello.replica_id}
+
+
+class CancelledOnTheReplica:
+    """A pool call whose task the replica's side cancelled: Ray raises that in the caller as
+    asyncio.CancelledError from the call's stream, though nobody cancelled the caller."""
+
+    def __init__(self, chunks_first: int) -> None:
+        self._left = chunks_first
+        self.cancelled = False
+
+    def __aiter__(self) -> "CancelledOnTheReplica":
+        return self
+
+    async def __anext__(self) -> StreamChunk:
+        await asyncio.sleep(0)
+        if self._left == 0:
+            raise asyncio.CancelledError
+        self._left -= 1
+        return StreamChunk("x", 1, 1, 1)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+async def test_a_call_cancelled_on_the_replica_ends_the_stream_with_an_error() -> None:
+    # before its first chunk, or after some: the reader is told, rather than left waiting
+    # (and its request left counted and protected in routing) for chunks that never come
+    for chunks_first in (0, 2):
+        for carried in (False, True):
+            streams: dict[str, ChannelStream] = {}
+            stream = ChannelStream(
+                "r", CancelledOnTheReplica(chunks_first), streams if carried else None
+            )
+            for _ in range(chunks_first):
+                assert (await asyncio.wait_for(anext(stream), 1)).completion_tokens == 1
+            with pytest.raises(CallCancelled):
+                await asyncio.wait_for(anext(stream), 1)
+            assert not streams
+    # the ingress's own cancel still ends it quietly
+    own = CancelledOnTheReplica(1000)
+    stream = ChannelStream("r", own, None)
+    await anext(stream)
+    stream.cancel()
+    assert own.cancelled
+    with pytest.raises(StopAsyncIteration):
+        await anext(stream)
