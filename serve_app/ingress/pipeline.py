@@ -630,12 +630,17 @@ class RequestPipeline:
                 channel=self._channels.ingress_id if carried else "",
             )
             if routed.slo.tpot_ms is not None:
+                now = time.time()
+                ttft_ms = routed.slo.ttft_ms
                 routed.queued = Queued(
                     routed.slo.tpot_ms,
                     routed.max_tokens,
                     routed.predicted_tpot_ms,
                     routed.prompt_tokens,
-                    time.time(),
+                    now,
+                    None
+                    if ttft_ms is None
+                    else now + (ttft_ms - elapsed_ms(routed.started, time.perf_counter())) / 1e3,
                 )
             self._router.dispatched(routed.pool, routed.prompt_tokens, routed.queued)
             own = self._pools[routed.pool].generate.remote(gen)

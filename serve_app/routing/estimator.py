@@ -297,6 +297,12 @@ class Queued:
     predicted_tpot_ms: float
     prompt_tokens: int
     dispatched_at: float = 0.0  # time.time(): orders the queues of several ingresses as one
+    # time.time() by which its first token must come to meet its TTFT target (None: it has
+    # none): past it the request has missed its SLO, and admission no longer protects it
+    ttft_deadline: float | None = None
+
+    def overdue(self, now: float) -> bool:
+        return self.ttft_deadline is not None and now > self.ttft_deadline
 
     def slack_ms(self) -> float:
         return (self.tpot_target_ms - self.predicted_tpot_ms) * max(1, self.max_tokens - 1)
@@ -313,17 +319,20 @@ class Protected:
     decode_pace_ms: float | None = None  # the pace its requests decoding there keep (measured)
 
 
-def queued_slack_ms(queued: Iterable[Queued], ms_per_prefill_token: float) -> float | None:
+def queued_slack_ms(
+    queued: Iterable[Queued], ms_per_prefill_token: float, now: float = 0.0
+) -> float | None:
     """The prefill time a new request's prompt may add to one pool's engine without making a
     request queued there (in dispatch order, oldest first) miss its TPOT target: the smallest
     slack left once the prompts queued after each are counted. A request those prompts
-    already make miss is not protected (as a decode that misses anyway is not): None when no
-    queued request can still meet its target."""
+    already make miss is not protected (as a decode that misses anyway is not), nor one past
+    its TTFT deadline at `now` (it has missed its SLO): None when no queued request can still
+    meet its target."""
     slack: float | None = None
     after = 0  # prompt tokens queued after the one at hand
     for q in reversed(list(queued)):
         left = q.slack_ms() - after * ms_per_prefill_token
-        if left >= 0:
+        if left >= 0 and not q.overdue(now):
             slack = left if slack is None else min(slack, left)
         after += q.prompt_tokens
     return slack

@@ -198,7 +198,7 @@ class Router:
         # each pool's queued slack once: pools sharing a device each take the smallest of theirs
         by_pool = {
             p: queued_slack_ms(
-                self._all_queued(p, others_too), self._models[p].ms_per_prefill_token
+                self._all_queued(p, others_too), self._models[p].ms_per_prefill_token, now
             )
             for p in self._queued
         }

@@ -76,6 +76,21 @@ def test_the_prompts_queued_after_each_request_spend_its_slack_and_no_one_elses(
     assert queued_slack_ms([], 0.2) is None
 
 
+def test_a_queued_request_past_its_ttft_deadline_is_not_protected() -> None:
+    """Its first token is late: it has missed its SLO, so its TPOT is no longer admission's to
+    keep (and a request whose answer never comes stops holding the pool shut). Its prompt
+    still stalls the ones queued before it."""
+    early = Queued(150, 25, 50, 3000, dispatched_at=T0, ttft_deadline=T0 + 5)
+    late = Queued(150, 25, 50, 3000, dispatched_at=T0 + 1, ttft_deadline=T0 + 2)
+    assert queued_slack_ms([early, late], 0.2, now=T0 + 1.5) == pytest.approx(2400 - 600)
+    assert queued_slack_ms([late], 0.2, now=T0 + 1.5) == pytest.approx(2400)
+    assert queued_slack_ms([early, late], 0.2, now=T0 + 3) == pytest.approx(2400 - 600)
+    assert queued_slack_ms([late], 0.2, now=T0 + 3) is None
+    assert queued_slack_ms([early, late], 0.2, now=T0 + 6) is None
+    # without a TTFT target it is protected until it ends
+    assert queued_slack_ms([Queued(150, 25, 50, 3000)], 0.2, now=T0 + 1e6) == pytest.approx(2400)
+
+
 def test_a_finished_request_has_only_the_time_it_is_under_budget() -> None:
     d = decoding(tokens=51, over_s=1.0)
     assert d.slack_ms(T0 + 1.0) == pytest.approx(2000 - 1000)

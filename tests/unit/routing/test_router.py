@@ -153,6 +153,21 @@ def test_protecting_only_the_decoding_requests_lets_a_burst_in() -> None:
     assert isinstance(let_in, RouteTo)
 
 
+def test_a_queued_request_stops_holding_the_pool_shut_at_its_ttft_deadline() -> None:
+    """Five documents queued, none with a first token yet: a sixth is refused to protect
+    them. Once their TTFT deadline has passed (their answer is late, or will never come)
+    they have missed their SLO: the sixth is let in."""
+    r = Router({"a": 8192}, RoutingConfig())
+    r.update({"a": PoolSnapshot("a", replicas=1, updated_at=NOW, prefill_tok_s=5000)})
+    doc, slo = RequestFeatures(3000, 25), SLO("s", ttft_ms=60_000, tpot_ms=150)
+    for _ in range(5):
+        r.dispatched("a", 3000, Queued(150, 25, 50, 3000, NOW, ttft_deadline=NOW + 2))
+    refused = r.decide(doc, slo, NOW + 1)
+    assert isinstance(refused, Reject) and refused.reason is RejectReason.PROTECTS_RUNNING
+    r.update({"a": PoolSnapshot("a", replicas=1, updated_at=NOW + 3, prefill_tok_s=5000)})
+    assert isinstance(r.decide(doc, slo, NOW + 3), RouteTo)
+
+
 def test_a_prefill_is_refused_where_it_would_stall_decodes_on_a_pool_sharing_its_device() -> None:
     """Two engines on one GPU slow each other's steps: a decode on `a` with 100 ms of slack
     makes `b`, which shares its device, refuse a prefill of 210 ms; a pool of its own takes it."""
