@@ -274,6 +274,7 @@ class RequestPipeline:
             self._pools, ingress_id, [n for n, p in config.pools.items() if p.stream_channel]
         )
         self._held = 0  # requests waiting for a pool that protects its running requests
+        self._poll: asyncio.Event | None = None  # the next poll of the held requests
         self._refresher: asyncio.Task[None] | None = None
 
     @property
@@ -555,7 +556,11 @@ class RequestPipeline:
     ) -> Decision:
         """Route the request; if the pools that would meet its SLO protect their running
         requests, hold it (up to `max_held` per ingress) and decide again every poll, against
-        what is left of its TTFT target, rather than refuse what a short wait would serve."""
+        what is left of its TTFT target, rather than refuse what a short wait would serve.
+
+        The held requests are decided again together, oldest first, at one poll every
+        `hold_poll_ms`: one view of the pools serves them all (routing/router.py), and one
+        that goes in is dispatched before the next is decided."""
         decision = self._router.decide(features, slo, time.time(), policy, policy_arg)
         if self._held >= self._config.routing.max_held or not self._may_hold(decision, slo):
             return decision
@@ -564,13 +569,25 @@ class RequestPipeline:
         held = time.perf_counter()
         try:
             while True:
-                await asyncio.sleep(self._config.routing.hold_poll_ms / 1e3)
+                await self._next_poll()
                 left = replace(slo, ttft_ms=slo.ttft_ms - elapsed_ms(held, time.perf_counter()))
                 decision = self._router.decide(features, left, time.time(), policy, policy_arg)
                 if not self._may_hold(decision, left):
                     return decision
         finally:
             self._held -= 1
+
+    async def _next_poll(self) -> None:
+        """Wait for the next poll of the held requests (the first to wait sets it)."""
+        if self._poll is None:
+            self._poll = poll = asyncio.Event()
+
+            def fire() -> None:
+                self._poll = None
+                poll.set()  # wakes its waiters in the order they came
+
+            asyncio.get_running_loop().call_later(self._config.routing.hold_poll_ms / 1e3, fire)
+        await self._poll.wait()
 
     async def _route(self, call: ApiCall, prompt_tokens: int, request: Request) -> Routed:
         tokenized = time.perf_counter()

@@ -239,6 +239,10 @@ class Decoding:
     last_at: float | None = None  # time.time() of its latest chunk (None: only the first)
     # ms per token of each of its latest chunks after the first
     gaps_ms: deque[float] = field(default_factory=lambda: deque(maxlen=_PACE_GAPS))
+    # the median of `gaps_ms`, kept from one chunk to the next: admission reads every decode's
+    # pace for each decision, far more often than a stream's chunks come
+    _pace_ms: float | None = field(default=None, init=False, repr=False)
+    _paced: bool = field(default=False, init=False, repr=False)
 
     def advance(self, tokens: int, now: float) -> None:
         """A chunk came at `now`, bringing the completion to `tokens` tokens."""
@@ -248,6 +252,7 @@ class Decoding:
         since = self.first_at if self.last_at is None else self.last_at
         self.gaps_ms.append((now - since) * 1e3 / new)
         self.tokens, self.last_at = tokens, now
+        self._paced = False
 
     def pace_ms(self) -> float:
         """Its time per output token when nothing stalls it: the median of its latest gaps (the
@@ -258,9 +263,11 @@ class Decoding:
 
     def measured_pace_ms(self) -> float | None:
         """Its pace as measured (None until it has two gaps)."""
-        if len(self.gaps_ms) < 2:
-            return None
-        return statistics.median(self.gaps_ms)
+        if not self._paced:
+            gaps = self.gaps_ms
+            self._pace_ms = statistics.median(gaps) if len(gaps) >= 2 else None
+            self._paced = True
+        return self._pace_ms
 
     def slack_ms(self, now: float) -> float:
         """Delay its decode can still take and meet the target, the rest of it at its pace

@@ -11,6 +11,12 @@ one GPU or one CPU slow each other's steps. It protects every ingress's requests
 one's: each ingress posts what it protects to the board (`protected`), and takes the others'
 posts with the pools' state (a board round trip late; its own at once).
 
+Views of the pools are built once for every decision taken at one moment: the requests held for
+a pool (ingress/pipeline.py) are decided again together at each poll, and while nothing routing
+reads has changed (a dispatch, a first token, an end, a board answer, a learned sample), a view
+up to VIEWS_REUSE_S old serves them all. Its slacks are then that much older, which admission
+reads as that much more time to spare: far less than its predictions' error.
+
 If the board itself stops answering, the router keeps routing on the last replica counts it got
 and its own load accounting (a dead board must not turn every request into a 503); a pool whose
 replicas stop reporting to a live board still drops out.
@@ -46,6 +52,9 @@ from serve_app.routing.policy import (
     decide_plain,
 )
 from serve_app.routing.slo import SLO, SWITCHES
+
+# How long the pools' views serve the decisions that follow, while no change reaches the router
+VIEWS_REUSE_S = 0.005
 
 
 @dataclass(slots=True)
@@ -110,9 +119,13 @@ class Router:
         self._turn = 0
         # pool -> {failed replica -> until when it is counted out}
         self._failed: dict[str, dict[str, float]] = {name: {} for name in pools}
+        # views() by what they were asked with: (changes seen, built at, views)
+        self._version = 0  # changes to what views() reads (but the clock)
+        self._views: dict[tuple[bool, bool, bool], tuple[int, float, list[PoolView]]] = {}
 
     def update(self, snapshots: Mapping[str, PoolSnapshot], now: float | None = None) -> None:
         self._board_at = time.time() if now is None else now
+        self._version += 1
         for name, snap in snapshots.items():
             if name in self._snapshots:
                 self._snapshots[name] = snap
@@ -138,6 +151,7 @@ class Router:
         unhealthy or silent replica leaves the snapshot within STATS_STALE_AFTER_S). Several
         requests failing on one replica count it once."""
         self._failed[pool][replica] = now + STATS_STALE_AFTER_S
+        self._version += 1
 
     def _replicas(self, name: str, now: float) -> int:
         failed = self._failed[name]
@@ -173,14 +187,16 @@ class Router:
             return list(self._queued[pool])
         return sorted(chain(self._queued[pool], others), key=attrgetter("dispatched_at"))
 
-    def _decode_slack_ms(self, name: str, now: float, others_too: bool) -> float | None:
+    def _decode_slack_ms(
+        self, name: str, mine: Mapping[str, float | None], others_too: bool
+    ) -> float | None:
         """The smallest slack of the requests decoding on `name` and the pools sharing its
-        device: this ingress's now, the others' (`others_too`) as they posted it (a request
-        keeping its pace keeps its slack)."""
+        device: this ingress's now (`mine`, per pool), the others' (`others_too`) as they
+        posted it (a request keeping its pace keeps its slack)."""
         sharing = self._sharing[name]
-        mine = decode_slack_ms(chain.from_iterable(self._decoding[p] for p in sharing), now)
         theirs = (o.decode_slack_ms for p in sharing for o in self._others[p] if others_too)
-        return min((s for s in (mine, *theirs) if s is not None), default=None)
+        slacks = chain((mine[p] for p in sharing), theirs)
+        return min((s for s in slacks if s is not None), default=None)
 
     def views(
         self,
@@ -192,16 +208,30 @@ class Router:
         """What the policy sees of each pool; `queued`: with the slack of the requests queued
         for their first token (admission protects them too); `others_too`: the slacks of the
         other ingresses' requests too; `pace`: with the pace its decoding requests keep (a
-        floor under its predicted TPOT)."""
+        floor under its predicted TPOT). Reused for VIEWS_REUSE_S while nothing changes."""
         now = time.time() if now is None else now
+        key = (queued, others_too, pace)
+        cached = self._views.get(key)
+        if cached is not None:
+            version, at, views = cached
+            if version == self._version and 0 <= now - at <= VIEWS_REUSE_S:
+                return views
+        views = self._build_views(now, queued, others_too, pace)
+        self._views[key] = (self._version, now, views)
+        return views
+
+    def _build_views(
+        self, now: float, queued: bool, others_too: bool, pace: bool
+    ) -> list[PoolView]:
         board_stale = self.board_stale(now)
-        # each pool's queued slack once: pools sharing a device each take the smallest of theirs
+        # each pool's slacks once: pools sharing a device each take the smallest of theirs
         by_pool = {
             p: queued_slack_ms(
                 self._all_queued(p, others_too), self._models[p].ms_per_prefill_token, now
             )
             for p in self._queued
         }
+        decoding = {p: decode_slack_ms(d, now) for p, d in self._decoding.items()}
         views = []
         for name, snap in self._snapshots.items():
             local = self._local[name]
@@ -216,7 +246,7 @@ class Router:
                     # a silent board is no news of the pools: route on what was last known
                     updated_at=now if board_stale else snap.updated_at,
                     queued_tokens=max(snap.queued_tokens, local.queued_tokens),
-                    decode_slack_ms=self._decode_slack_ms(name, now, others_too),
+                    decode_slack_ms=self._decode_slack_ms(name, decoding, others_too),
                     queued_slack_ms=self._queued_slack_ms(name, by_pool) if queued else None,
                     decode_pace_ms=self._decode_pace_ms(name, others_too) if pace else None,
                 )
@@ -279,6 +309,7 @@ class Router:
     def dispatched(self, pool: str, prompt_tokens: int, queued: Queued | None = None) -> None:
         """A request went to `pool`; `queued`: its TPOT target, to protect until its first
         token (then its `Decoding` is protected instead)."""
+        self._version += 1
         local = self._local[pool]
         local.waiting += 1
         local.queued_tokens += prompt_tokens
@@ -294,6 +325,7 @@ class Router:
     ) -> None:
         """A request's first token came; `decoding`: its decode, to keep within its TPOT target
         (updated by the caller as tokens come)."""
+        self._version += 1
         local = self._local[pool]
         local.waiting -= 1
         local.queued_tokens -= prompt_tokens
@@ -311,6 +343,7 @@ class Router:
         decoding: Decoding | None = None,
         queued: Queued | None = None,
     ) -> None:
+        self._version += 1
         local = self._local[pool]
         if queued is not None:
             self._queued[pool].pop(queued, None)
@@ -334,6 +367,7 @@ class Router:
         queue_ms: float | None = None,
     ) -> None:
         now = time.time() if now is None else now
+        self._version += 1
         self._models[pool] = self._models[pool].learn(
             prompt_tokens,
             load,

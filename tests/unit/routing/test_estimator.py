@@ -187,3 +187,13 @@ def test_a_pools_pace_is_the_median_of_its_measured_decodes() -> None:
     assert d.measured_pace_ms() is None and d.pace_ms() == 5  # one gap: the prediction
     d.advance(3, now + 0.10)
     assert d.measured_pace_ms() == pytest.approx(50)
+
+
+def test_its_pace_follows_each_new_chunk() -> None:
+    d = Decoding(tpot_target_ms=50, max_tokens=100, predicted_tpot_ms=20, first_at=0.0)
+    for i in range(2, 5):  # three chunks 10 ms apart
+        d.advance(i, 0.01 * (i - 1))
+    assert d.pace_ms() == pytest.approx(10.0)
+    for i in range(5, 9):  # four more, 30 ms apart: the median moves with them
+        d.advance(i, 0.03 + 0.03 * (i - 4))
+    assert d.pace_ms() == pytest.approx(30.0)

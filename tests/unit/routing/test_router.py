@@ -5,7 +5,7 @@ from serve_app.pool_state import PROTECTED_STALE_AFTER_S, PoolSnapshot, PoolStat
 from serve_app.routing.config import LatencyPrior, Policy, RoutingConfig
 from serve_app.routing.estimator import Decoding, LatencyModel, Load, Queued
 from serve_app.routing.policy import Reject, RejectReason, RequestFeatures, RouteTo
-from serve_app.routing.router import Router
+from serve_app.routing.router import VIEWS_REUSE_S, Router
 from serve_app.routing.slo import SLO
 
 NOW = 1000.0
@@ -315,3 +315,19 @@ def test_the_pace_of_every_ingress_s_decoding_requests_floors_the_tpot() -> None
     paced = two.decide(doc, slo, NOW + 1, Policy.SLO, "headroom:queued:paced")
     assert isinstance(paced, Reject) and paced.reason is RejectReason.SLO_UNMEETABLE
     assert isinstance(two.decide(doc, slo, NOW + 1), RouteTo)  # the model alone (the default)
+
+
+def test_decisions_of_one_moment_share_one_view_until_something_changes() -> None:
+    r = router()
+    d = Decoding(tpot_target_ms=40, max_tokens=11, predicted_tpot_ms=20, first_at=NOW)
+    r.dispatched("a", 10)
+    r.first_token("a", 10, d)
+    views = r.views(NOW)
+    assert views[0].decode_slack_ms == pytest.approx(200)
+    assert r.views(NOW + VIEWS_REUSE_S) is views
+    r.dispatched("a", 10)  # admission must see the request it just let in
+    again = r.views(NOW + VIEWS_REUSE_S)
+    assert again is not views and again[0].waiting == 1
+    later = r.views(NOW + 2 * VIEWS_REUSE_S + 0.001)  # and the slack the clock has spent
+    assert later is not again
+    assert later[0].decode_slack_ms == pytest.approx(200 - (2 * VIEWS_REUSE_S + 0.001) * 1e3)
