@@ -211,17 +211,31 @@ def _count(items: Any) -> dict[str, int]:
     return out
 
 
+def pools_idle(pools: dict[str, Any]) -> bool:
+    """No pool has requests waiting or running in its engines, and no ingress has any
+    dispatched there that it still waits for (the one answering counts its own in `waiting`
+    and protects them, the others post theirs): all `GET /pools` says."""
+    return all(
+        p["waiting"] + p["running"] == 0
+        and p["decode_slack_ms"] is None
+        and p["queued_slack_ms"] is None
+        and not any(o["queued"] for o in p["protected_by_other_ingresses"].values())
+        for p in pools.values()
+    )
+
+
 async def _idle(url: str, timeout_s: float = 120) -> tuple[bool, float]:
-    """Wait until no pool has requests waiting or running (the previous run has drained);
-    whether they had, and how long it took. A run that starts on a busy fleet says so in its
-    record (`started_idle`): the requests an earlier run left behind share its engines."""
+    """Wait until the pools are idle (`pools_idle`: the previous run has drained); whether
+    they were, and how long it took. A run that starts on a busy fleet says so in its record
+    (`started_idle`): the requests an earlier run left behind share its engines, and the
+    ingresses' admission protects the ones still waiting."""
     start = time.monotonic()
     async with aiohttp.ClientSession(url) as session:
         while True:
             async with session.get("/pools") as r:
                 pools = await r.json()
             waited = time.monotonic() - start
-            if all(p["waiting"] + p["running"] == 0 for p in pools.values()):
+            if pools_idle(pools):
                 return True, waited
             if waited >= timeout_s:
                 return False, waited

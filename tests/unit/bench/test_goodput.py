@@ -3,6 +3,7 @@
 from serve_app.bench.goodput import (
     calibration,
     goals,
+    pools_idle,
     record,
     request_rows,
     stall_trace,
@@ -277,3 +278,21 @@ def test_every_run_of_a_sweep_gets_prompts_of_its_own(monkeypatch) -> None:  # t
     # each record says whether its run started on an idle fleet, and how long that took
     assert [r["started_idle"] for r in records] == [True, False, True, True, True, True]
     assert [r["settle_s"] for r in records] == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]
+
+
+def test_pools_are_idle_only_when_no_ingress_waits_for_a_request_there() -> None:
+    idle = {
+        "waiting": 0,
+        "running": 0,
+        "decode_slack_ms": None,
+        "queued_slack_ms": None,
+        "protected_by_other_ingresses": {},
+    }
+    assert pools_idle({"a": idle, "b": idle})
+    assert not pools_idle({"a": idle, "b": {**idle, "waiting": 1}})
+    # the engines are idle, but an ingress still waits for requests it dispatched there
+    assert not pools_idle({"a": {**idle, "queued_slack_ms": 3.2}})
+    others = {"i2": {"queued": 91, "decode_slack_ms": None, "decode_pace_ms": None}}
+    assert not pools_idle({"a": {**idle, "protected_by_other_ingresses": others}})
+    others["i2"]["queued"] = 0
+    assert pools_idle({"a": {**idle, "protected_by_other_ingresses": others}})
