@@ -40,7 +40,7 @@ class Sample:
     ok: bool
     error: str | None = None
     ttft_ms: float | None = None
-    e2e_ms: float | None = None
+    e2e_ms: float | None = None  # to the end of the answer, a refusal's too
     output_tokens: int = 0
     prompt_tokens: int = 0
     chunk_gaps_ms: list[float] = field(default_factory=list)
@@ -205,6 +205,8 @@ class HTTPTarget:
                     with contextlib.suppress(ValueError, KeyError, TypeError):
                         # the app's refusal names its reason (routing.policy.RejectReason)
                         sample.error += f" {(await r.json(content_type=None))['error']['code']}"
+                    # how long the refusal took (a request held before it is refused waits)
+                    sample.e2e_ms = (time.perf_counter() - started) * 1e3
                     return sample
                 async for raw in r.content:
                     now = time.perf_counter()
