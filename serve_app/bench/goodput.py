@@ -224,11 +224,36 @@ def pools_idle(pools: dict[str, Any]) -> bool:
     )
 
 
-async def _idle(url: str, timeout_s: float = 120) -> tuple[bool, float]:
+# What a run's record keeps of each pool's state as routing saw it when the run started
+START_STATE = (
+    "waiting",
+    "running",
+    "path_ms",
+    "ttft_factor",
+    "wait_factor",
+    "tpot_factor",
+    "decode_slack_ms",
+    "queued_slack_ms",
+)
+
+
+def routing_state(pools: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each pool's state as one ingress's routing saw it (`GET /pools`), in short: its queues,
+    what it learned (path delay and factors relax back after a run, and the next run starts
+    with what is left), what it protects, and how many requests the other ingresses post as
+    queued there."""
+    return {
+        name: {key: p.get(key) for key in START_STATE}
+        | {"others_queued": sum(o["queued"] for o in p["protected_by_other_ingresses"].values())}
+        for name, p in pools.items()
+    }
+
+
+async def _idle(url: str, timeout_s: float = 120) -> tuple[bool, float, dict[str, dict[str, Any]]]:
     """Wait until the pools are idle (`pools_idle`: the previous run has drained); whether
-    they were, and how long it took. A run that starts on a busy fleet says so in its record
-    (`started_idle`): the requests an earlier run left behind share its engines, and the
-    ingresses' admission protects the ones still waiting."""
+    they were, how long it took, and the pools' routing state then. A run that starts on a
+    busy fleet says so in its record (`started_idle`): the requests an earlier run left behind
+    share its engines, and the ingresses' admission protects the ones still waiting."""
     start = time.monotonic()
     async with aiohttp.ClientSession(url) as session:
         while True:
@@ -236,9 +261,9 @@ async def _idle(url: str, timeout_s: float = 120) -> tuple[bool, float]:
                 pools = await r.json()
             waited = time.monotonic() - start
             if pools_idle(pools):
-                return True, waited
+                return True, waited, routing_state(pools)
             if waited >= timeout_s:
-                return False, waited
+                return False, waited, routing_state(pools)
             await asyncio.sleep(0.5)
 
 
@@ -319,7 +344,7 @@ async def sweep(
                 # the prefix cache an earlier run (another policy, rate or repeat) filled
                 runs += 1
                 salted = seeded.model_copy(update={"content_salt": runs})
-                idle, settle_s = await _idle(args.url)
+                idle, settle_s, at_start = await _idle(args.url)
                 target = HTTPTarget(
                     args.url,
                     f"app@{policy}",
@@ -338,6 +363,7 @@ async def sweep(
                     "started_idle": idle,
                     "settle_s": round(settle_s, 1),
                     "started_at": round(started_at, 3),
+                    "pools_at_start": at_start,
                 }
                 records.append(row)
                 if rows_file is not None:

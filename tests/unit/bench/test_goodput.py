@@ -6,6 +6,7 @@ from serve_app.bench.goodput import (
     pools_idle,
     record,
     request_rows,
+    routing_state,
     stall_trace,
     summarize,
 )
@@ -252,8 +253,11 @@ def test_every_run_of_a_sweep_gets_prompts_of_its_own(monkeypatch) -> None:  # t
         salts.append(workload.content_salt)
         return result([sample(0, "interactive", 60.0)])
 
-    async def idle(url: str, timeout_s: float = 120) -> tuple[bool, float]:
-        return len(salts) != 1, 0.5 * len(salts)  # the second run starts on a busy fleet
+    async def idle(
+        url: str, timeout_s: float = 120
+    ) -> tuple[bool, float, dict[str, dict[str, int]]]:
+        # the second run starts on a busy fleet
+        return len(salts) != 1, 0.5 * len(salts), {"a": {"path_ms": len(salts)}}
 
     class Target:
         def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
@@ -278,6 +282,7 @@ def test_every_run_of_a_sweep_gets_prompts_of_its_own(monkeypatch) -> None:  # t
     # each record says whether its run started on an idle fleet, and how long that took
     assert [r["started_idle"] for r in records] == [True, False, True, True, True, True]
     assert [r["settle_s"] for r in records] == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]
+    assert [r["pools_at_start"]["a"]["path_ms"] for r in records] == [0, 1, 2, 3, 4, 5]
 
 
 def test_pools_are_idle_only_when_no_ingress_waits_for_a_request_there() -> None:
@@ -296,3 +301,24 @@ def test_pools_are_idle_only_when_no_ingress_waits_for_a_request_there() -> None
     assert not pools_idle({"a": {**idle, "protected_by_other_ingresses": others}})
     others["i2"]["queued"] = 0
     assert pools_idle({"a": {**idle, "protected_by_other_ingresses": others}})
+
+
+def test_a_run_keeps_the_routing_state_it_started_with() -> None:
+    others = {"i2": {"queued": 91, "decode_slack_ms": None, "decode_pace_ms": None}}
+    pools = {
+        "throughput": {
+            "waiting": 0,
+            "running": 0,
+            "path_ms": 3175.9,
+            "ttft_factor": 1.1,
+            "wait_factor": 0.7,
+            "tpot_factor": 0.5,
+            "decode_slack_ms": None,
+            "queued_slack_ms": 3.2,
+            "protected_by_other_ingresses": others,
+            "placement": [{"replica": "r1"}],
+        }
+    }
+    state = routing_state(pools)["throughput"]
+    assert state["path_ms"] == 3175.9 and state["queued_slack_ms"] == 3.2
+    assert state["others_queued"] == 91 and "placement" not in state
