@@ -249,6 +249,12 @@ def routing_state(pools: dict[str, Any]) -> dict[str, dict[str, Any]]:
     }
 
 
+async def _routing_state(url: str) -> dict[str, dict[str, Any]]:
+    """`routing_state` of the ingress that answers `GET /pools` now."""
+    async with aiohttp.ClientSession(url) as session, session.get("/pools") as r:
+        return routing_state(await r.json())
+
+
 async def _idle(url: str, timeout_s: float = 120) -> tuple[bool, float, dict[str, dict[str, Any]]]:
     """Wait until the pools are idle (`pools_idle`: the previous run has drained); whether
     they were, how long it took, and the pools' routing state then. A run that starts on a
@@ -358,12 +364,14 @@ async def sweep(
                     result = await run_workload(target, salted, MemoryProbe(), progress=False)
                 finally:
                     await target.stop()
+                at_end = await _routing_state(args.url)  # what this run leaves the next
                 row = record(result, policy, multiple, repeat, args.machine)
                 row |= {
                     "started_idle": idle,
                     "settle_s": round(settle_s, 1),
                     "started_at": round(started_at, 3),
                     "pools_at_start": at_start,
+                    "pools_at_end": at_end,
                 }
                 records.append(row)
                 if rows_file is not None:

@@ -271,6 +271,11 @@ def test_every_run_of_a_sweep_gets_prompts_of_its_own(monkeypatch) -> None:  # t
 
     monkeypatch.setattr(goodput, "run_workload", run)
     monkeypatch.setattr(goodput, "_idle", idle)
+
+    async def state(url: str) -> dict[str, dict[str, int]]:
+        return {"a": {"path_ms": -len(salts)}}
+
+    monkeypatch.setattr(goodput, "_routing_state", state)
     monkeypatch.setattr(goodput, "HTTPTarget", Target)
     args = argparse.Namespace(
         capacity=2.0, machine="m", multiples="1,2", repeats_at="2", repeats=1, extra_repeats=1,
@@ -283,6 +288,7 @@ def test_every_run_of_a_sweep_gets_prompts_of_its_own(monkeypatch) -> None:  # t
     assert [r["started_idle"] for r in records] == [True, False, True, True, True, True]
     assert [r["settle_s"] for r in records] == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]
     assert [r["pools_at_start"]["a"]["path_ms"] for r in records] == [0, 1, 2, 3, 4, 5]
+    assert [r["pools_at_end"]["a"]["path_ms"] for r in records] == [-1, -2, -3, -4, -5, -6]
 
 
 def test_pools_are_idle_only_when_no_ingress_waits_for_a_request_there() -> None:
