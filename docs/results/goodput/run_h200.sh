@@ -20,14 +20,16 @@ MULTIPLES=${MULTIPLES:-0.5,1,1.5,2}
 REPEATS_AT=${REPEATS_AT-1,2}
 PROBE=${CAPACITY:+--capacity $CAPACITY}
 CONFIG=${CONFIG:-docs/results/goodput/serve_config.h200.yaml}
-MACHINE="two H200s, 32 cores"
+# the hardware, as the records name it (MACHINE overrides): "one NVIDIA H200, 16 cores"
+gpus() { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sed 's/ [0-9]*GB.*//'; }
+count() { case $1 in 1) echo one;; 2) echo two;; *) echo "$1";; esac; }
+MACHINE=${MACHINE:-"$(count "$GPUS") $(gpus | head -1)$([ "$GPUS" = 1 ] || echo s), $(nproc) cores"}
 URL=http://127.0.0.1:8000
 case "${1:-}" in
 start)
   mkdir -p "$WORK"
   echo "$NAME" > "$WORK/name"
   if [ "$GPUS" = 1 ]; then
-    MACHINE="one H200, 16 cores"
     source "$SITE/env.sh"
     PYTHONPATH=$SITE python3 -c "import sys, yaml; c = yaml.safe_load(open(sys.argv[1])); \
 c['applications'][0]['args']['num_gpus_per_replica'] = 0.5; yaml.safe_dump(c, open(sys.argv[2], 'w'))" \
