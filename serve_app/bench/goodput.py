@@ -249,10 +249,17 @@ def routing_state(pools: dict[str, Any]) -> dict[str, dict[str, Any]]:
     }
 
 
+async def _pools(session: aiohttp.ClientSession) -> dict[str, Any]:
+    """`GET /pools` of the ingress that answers now."""
+    async with session.get("/pools") as r:
+        pools: dict[str, Any] = await r.json()
+        return pools
+
+
 async def _routing_state(url: str) -> dict[str, dict[str, Any]]:
     """`routing_state` of the ingress that answers `GET /pools` now."""
-    async with aiohttp.ClientSession(url) as session, session.get("/pools") as r:
-        return routing_state(await r.json())
+    async with aiohttp.ClientSession(url) as session:
+        return routing_state(await _pools(session))
 
 
 async def _idle(url: str, timeout_s: float = 120) -> tuple[bool, float, dict[str, dict[str, Any]]]:
@@ -263,8 +270,7 @@ async def _idle(url: str, timeout_s: float = 120) -> tuple[bool, float, dict[str
     start = time.monotonic()
     async with aiohttp.ClientSession(url) as session:
         while True:
-            async with session.get("/pools") as r:
-                pools = await r.json()
+            pools = await _pools(session)
             waited = time.monotonic() - start
             if pools_idle(pools):
                 return True, waited, routing_state(pools)
