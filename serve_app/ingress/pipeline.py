@@ -190,9 +190,13 @@ class Routed:
 
     def learned_ttft(self) -> tuple[float, float | None, float | None]:
         """What routing learns from: the TTFT since the proxy received the request (where it
-        said when), the part of it outside the engine's queue and prefill, and its time in the
-        engine's queue (those two when the engine said how long its stages took)."""
-        ttft_ms = elapsed_ms(self.started, self.first_at)
+        said when) less its time at routing, the part of that outside the engine's queue and
+        prefill, and its time in the engine's queue (those two when the engine said how long
+        its stages took). A request held at routing waited for admission, which decides each
+        later request afresh: learned as part of the path, its hold would be predicted for
+        every later request there, and the holds and refusals that prediction makes would
+        teach longer ones."""
+        ttft_ms = elapsed_ms(self.started, self.first_at) - elapsed_ms(self.tokenized, self.decided)
         stages = self.stages or {}
         ttft_ms += stages.get(Stage.PROXY, 0.0)
         if Stage.QUEUE in stages and Stage.PREFILL in stages:

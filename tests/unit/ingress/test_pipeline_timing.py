@@ -76,9 +76,26 @@ def test_routing_learns_from_the_proxy_on_and_the_path_outside_the_engine() -> N
     remote = {Stage.QUEUE: 3.0, Stage.PREFILL: 9.0}
     r.first_chunk(StreamChunk("a", 1, 1, 10, stages=remote), now=100.020)
     ttft, path, queue = r.learned_ttft()
-    assert ttft == pytest.approx(24.0, abs=0.01)  # 20 at the ingress + 4 in the proxy
-    assert path == pytest.approx(12.0, abs=0.01)  # all but the engine's 3 + 9
+    # 20 at the ingress (0.5 of it routing) + 4 in the proxy
+    assert ttft == pytest.approx(23.5, abs=0.01)
+    assert path == pytest.approx(11.5, abs=0.01)  # all but the engine's 3 + 9
     assert queue == 3.0
     untimed = routed(None)
     untimed.first_chunk(StreamChunk("a", 1, 1, 10, stages=remote), now=100.020)
+    assert untimed.learned_ttft() == (pytest.approx(19.5, abs=0.01), None, None)
+
+
+def test_a_hold_at_routing_is_not_learned_as_path() -> None:
+    """A request held 400 ms for admission (its `route` stage) teaches routing the TTFT it
+    had from its dispatch on: the next request is decided afresh, and would not wait so."""
+    remote = {Stage.QUEUE: 3.0, Stage.PREFILL: 9.0}
+    timed, untimed = routed({}, proxy=4.0), routed(None)
+    for r in (timed, untimed):
+        r.decided = r.tokenized + 0.4
+        r.first_chunk(StreamChunk("a", 1, 1, 10, stages=remote), now=r.decided + 0.017)
+    assert parse_server_timing(timed.headers["server-timing"])["route"] == pytest.approx(400)
+    ttft, path, queue = timed.learned_ttft()
+    assert ttft == pytest.approx(24.0, abs=0.01)  # 3 ingress + 17 after routing + 4 proxy
+    assert path == pytest.approx(12.0, abs=0.01)
+    assert queue == 3.0
     assert untimed.learned_ttft() == (pytest.approx(20.0, abs=0.01), None, None)
