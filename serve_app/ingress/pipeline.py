@@ -155,6 +155,8 @@ class Routed:
     # until its first token, then from it on, when its SLO sets a TPOT target
     queued: Queued | None = None
     decoding: Decoding | None = None
+    dispatched_at: float = 0.0  # time.time(): handed to Serve
+    assigned_at: float | None = None  # time.time(): a replica of the pool took it (when known)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -195,14 +197,39 @@ class Routed:
         its stages took). A request held at routing waited for admission, which decides each
         later request afresh: learned as part of the path, its hold would be predicted for
         every later request there, and the holds and refusals that prediction makes would
-        teach longer ones."""
-        ttft_ms = elapsed_ms(self.started, self.first_at) - elapsed_ms(self.tokenized, self.decided)
+        teach longer ones. Nor is a wait in Serve's queue for a replica with a free slot
+        learned (`slot_wait_ms`): admission counts the requests ahead, and refuses before a
+        pool's replicas fill up; the wait that requests routed otherwise met there (round-robin
+        on the same replicas, say) would be predicted for every later request."""
+        ttft_ms = (
+            elapsed_ms(self.started, self.first_at)
+            - elapsed_ms(self.tokenized, self.decided)
+            - self.slot_wait_ms()
+        )
         stages = self.stages or {}
         ttft_ms += stages.get(Stage.PROXY, 0.0)
         if Stage.QUEUE in stages and Stage.PREFILL in stages:
             queue_ms = stages[Stage.QUEUE]
             return ttft_ms, max(0.0, ttft_ms - queue_ms - stages[Stage.PREFILL]), queue_ms
         return ttft_ms, None, None
+
+    def slot_wait_ms(self) -> float:
+        """Its time from its dispatch until a replica took it: in Serve's queue while every
+        replica of the pool had `max_ongoing_requests` (0 when not known)."""
+        if self.assigned_at is None or not self.dispatched_at:
+            return 0.0
+        return max(0.0, (self.assigned_at - self.dispatched_at) * 1e3)
+
+    def watch_assignment(self, response: Any) -> None:
+        """Note when Serve hands `response`'s call (from `.remote()`) to a replica. Serve has
+        no public hook for it; its response's assignment future says (Ray 2.60), else none is
+        noted."""
+        future = getattr(response, "_replica_result_future", None)
+        if future is not None:
+            future.add_done_callback(self._assigned)
+
+    def _assigned(self, _: object) -> None:
+        self.assigned_at = time.time()  # on Serve's router loop (a thread of its own, or ours)
 
 
 def _failed_replica(e: BaseException) -> str:
@@ -664,7 +691,9 @@ class RequestPipeline:
                     else now + (ttft_ms - elapsed_ms(routed.started, time.perf_counter())) / 1e3,
                 )
             self._router.dispatched(routed.pool, routed.prompt_tokens, routed.queued)
+            routed.dispatched_at = time.time()
             own = self._pools[routed.pool].generate.remote(gen)
+            routed.watch_assignment(own)
             stream = self._channels.stream(routed.request_id, own, carried)
             chunks = self._track(routed, stream)
             try:

@@ -1,8 +1,10 @@
 """The ingress's side of the TTFT breakdown: its own stages, the replica's, the header."""
 
+import concurrent.futures
 import time
 
 import pytest
+from ray.serve.handle import DeploymentResponseGenerator, _DeploymentResponseBase
 
 from serve_app.engine.protocol import StreamChunk
 from serve_app.ingress.pipeline import Routed
@@ -99,3 +101,37 @@ def test_a_hold_at_routing_is_not_learned_as_path() -> None:
     assert path == pytest.approx(12.0, abs=0.01)
     assert queue == 3.0
     assert untimed.learned_ttft() == (pytest.approx(20.0, abs=0.01), None, None)
+
+
+def test_a_wait_for_a_replica_slot_is_not_learned_as_path() -> None:
+    """A request that waited 900 ms in Serve's queue for a replica slot (its pool's replicas
+    all at `max_ongoing_requests`, e.g. behind round-robin's requests) teaches the TTFT it had
+    from there on: admission counts the requests ahead, and the wait is not a path's."""
+    remote = {Stage.DISPATCH: 901.0, Stage.QUEUE: 3.0, Stage.PREFILL: 9.0}
+    r = routed({}, proxy=4.0)
+    r.dispatched_at = 5000.0
+    r.assigned_at = 5000.9
+    r.first_chunk(StreamChunk("a", 1, 1, 10, stages=remote), now=100.920)
+    assert r.slot_wait_ms() == pytest.approx(900.0)
+    ttft, path, queue = r.learned_ttft()
+    assert ttft == pytest.approx(924.0 - 0.5 - 900.0, abs=0.01)
+    assert path == pytest.approx(23.5 - 12.0, abs=0.01)
+    assert queue == 3.0
+    assert routed({}).slot_wait_ms() == 0.0  # not known: nothing taken off
+
+
+def test_serve_responses_tell_when_a_replica_took_the_call() -> None:
+    """Serve's response (as `.remote()` returns it, Ray's own class) resolves its assignment
+    future once a replica takes the call: the request notes that moment."""
+    future: concurrent.futures.Future[object] = concurrent.futures.Future()
+    response = DeploymentResponseGenerator.__new__(DeploymentResponseGenerator)
+    _DeploymentResponseBase.__init__(response, future, None)  # type: ignore[arg-type]
+    r = routed({})
+    r.watch_assignment(response)
+    assert r.assigned_at is None
+    before = time.time()
+    future.set_result(object())
+    assert r.assigned_at is not None and before <= r.assigned_at <= time.time()
+    double = routed({})
+    double.watch_assignment(object())  # a handle without one (a test double): nothing noted
+    assert double.assigned_at is None and double.slot_wait_ms() == 0.0
