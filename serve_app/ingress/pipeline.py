@@ -192,24 +192,20 @@ class Routed:
 
     def learned_ttft(self) -> tuple[float, float | None, float | None]:
         """What routing learns from: the TTFT since the proxy received the request (where it
-        said when) less its time at routing, the part of that outside the engine's queue and
-        prefill, and its time in the engine's queue (those two when the engine said how long
-        its stages took). A request held at routing waited for admission, which decides each
-        later request afresh: learned as part of the path, its hold would be predicted for
-        every later request there, and the holds and refusals that prediction makes would
-        teach longer ones. Nor is a wait in Serve's queue for a replica with a free slot
-        learned (`slot_wait_ms`): admission counts the requests ahead, and refuses before a
-        pool's replicas fill up; the wait that requests routed otherwise met there (round-robin
-        on the same replicas, say) would be predicted for every later request."""
-        ttft_ms = (
-            elapsed_ms(self.started, self.first_at)
-            - elapsed_ms(self.tokenized, self.decided)
-            - self.slot_wait_ms()
-        )
+        said when) less its time at routing, the part of that outside the queues and the
+        prefill, and its time queued (those two when the engine said how long its stages
+        took). A request held at routing waited for admission, which decides each later
+        request afresh: learned as part of the path, its hold would be predicted for every
+        later request there, and the holds and refusals that prediction makes would teach
+        longer ones. Queued counts its wait in Serve's queue for a replica with a free slot
+        (`slot_wait_ms`) with its wait in the engine's: a wait behind the requests ahead, which
+        routing predicts from them (the wait factor), not a path every request takes (the
+        wait that round-robin's documents met there taught tens of seconds of path)."""
+        ttft_ms = elapsed_ms(self.started, self.first_at) - elapsed_ms(self.tokenized, self.decided)
         stages = self.stages or {}
         ttft_ms += stages.get(Stage.PROXY, 0.0)
         if Stage.QUEUE in stages and Stage.PREFILL in stages:
-            queue_ms = stages[Stage.QUEUE]
+            queue_ms = stages[Stage.QUEUE] + self.slot_wait_ms()
             return ttft_ms, max(0.0, ttft_ms - queue_ms - stages[Stage.PREFILL]), queue_ms
         return ttft_ms, None, None
 
