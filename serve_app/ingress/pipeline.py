@@ -636,6 +636,8 @@ class RequestPipeline:
         if not isinstance(decision, RouteTo):
             raise self._refusal(decision)
         self.metrics.route(decision.pool, decision.reason.value)
+        started = admission.arrived if admission is not None else tokenized
+        decided = time.perf_counter()
         routed = Routed(
             request_id=call.request.request_id,
             pool=decision.pool,
@@ -643,10 +645,12 @@ class RequestPipeline:
             slo=slo,
             load=decision.load,
             prompt_tokens=prompt_tokens,
-            started=admission.arrived if admission is not None else tokenized,
-            predicted_ttft_ms=decision.predicted.ttft_ms,
+            started=started,
+            # the TTFT the client will see: its time here so far (a hold at admission
+            # included) and what the decision predicts from now on
+            predicted_ttft_ms=elapsed_ms(started, decided) + decision.predicted.ttft_ms,
             tokenized=tokenized,
-            decided=time.perf_counter(),
+            decided=decided,
             proxy_ms=admission.proxy_ms if admission is not None else None,
             stages={} if self._config.server_timing else None,
             max_tokens=features.max_tokens,

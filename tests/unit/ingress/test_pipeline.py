@@ -2,6 +2,10 @@
 its running requests."""
 
 import asyncio
+from types import SimpleNamespace
+
+import pytest
+from starlette.requests import Request
 
 from serve_app.app import ingress_config, resolve_profiles
 from serve_app.config import AppArgs
@@ -79,3 +83,20 @@ async def test_held_requests_are_decided_again_together_oldest_first() -> None:
     assert len(rounds) >= 3, rounds
     assert all(r == [1, 2, 3] for r in rounds[:-1]), rounds  # every poll, oldest first
     assert rounds[-1] == [2], rounds
+
+
+async def test_predicted_ttft_counts_its_hold() -> None:
+    """A request held at admission is told the TTFT predicted since it came (what its client
+    sees): its hold so far plus what the decision that let it in predicts from there."""
+    p = pipeline()
+    decisions = iter([HOLD, HOLD, GO])
+    p._router.decide = lambda *_: next(decisions)  # type: ignore[method-assign]
+    request = Request({"type": "http", "headers": [(b"x-slo-ttft-ms", b"10000")]})
+    call = SimpleNamespace(request=SimpleNamespace(request_id="r", max_tokens=8))
+    routed = await p._route(call, 10, request)  # type: ignore[arg-type]
+    assert routed.pool == GO.pool
+    held_ms = (routed.decided - routed.started) * 1e3
+    assert held_ms >= POLL_MS  # held for at least one poll
+    assert routed.predicted_ttft_ms == pytest.approx(held_ms + GO.predicted.ttft_ms)
+    header = float(routed.headers["x-route-predicted-ttft-ms"])
+    assert header == pytest.approx(held_ms + GO.predicted.ttft_ms, abs=0.05)
