@@ -120,7 +120,7 @@ def test_every_ray_container_runs_serve_in_the_apps_mode() -> None:
     launcher = yaml.safe_load((ROOT / "cluster" / "ray-cluster.yaml").read_text())
     starts = launcher["head_start_ray_commands"] + launcher["worker_start_ray_commands"]
     for start in [c for c in starts if "ray start" in c]:
-        assert all(f"{k}={v}" in start for k, v in HAPROXY_ENV.items())
+        assert all(f"{k}={v}" in start for k, v in (SERVE_ENV | HAPROXY_ENV).items())
         assert f"{BINARY_ENV}=$(command -v serve-app-haproxy)" in start
 
 
