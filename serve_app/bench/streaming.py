@@ -44,6 +44,7 @@ from serve_app.bench.servers import Server, servers
 from serve_app.profiles import ResolvedProfile
 
 ROOT = Path(__file__).resolve().parents[2]
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")  # /proc's CPU time unit
 WARM_UP_PROMPTS = 16  # per target before measuring: compile, fill caches
 PILOT_PROMPTS = 16  # per target and concurrency at least, to size the runs
 METRICS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms")
@@ -100,10 +101,32 @@ def cpu_seconds(root: int) -> dict[str, float]:
 PROFILED_ROLES = ("pool replica", "ingress")
 
 
-def start_py_spy(root: int, seconds: float, out: Path, tag: str) -> list[subprocess.Popen[bytes]]:
+def thread_cpu_seconds(root: int) -> dict[str, dict[str, float]]:
+    """CPU seconds used so far by the threads of the pool and ingress replicas under root, per
+    role and thread name (Ray names its C++ threads; Python's threads, the replica's event loop
+    among them, carry the process's title)."""
+    totals: dict[str, dict[str, float]] = {}
+    for proc, role in _tree(root):
+        if role not in PROFILED_ROLES:
+            continue
+        by_name = totals.setdefault(role, {})
+        for task in Path(f"/proc/{proc.pid}/task").glob("*"):
+            try:
+                name = (task / "comm").read_text().strip()
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # the thread or process ended meanwhile
+                continue
+            ticks = int(fields[11]) + int(fields[12])  # utime + stime
+            by_name[name] = by_name.get(name, 0.0) + ticks / CLOCK_TICKS
+    return totals
+
+
+def start_py_spy(
+    root: int, seconds: float, out: Path, tag: str, native: bool = False
+) -> list[subprocess.Popen[bytes]]:
     """py-spy sampling the app's pool replicas and ingress replicas for `seconds` (collapsed
-    stacks, one file per process: `py-spy-<role>-<pid>-<tag>.txt`, its log beside it); needs
-    `py-spy` on PATH or $PY_SPY."""
+    stacks, one file per process: `py-spy-<role>-<pid>-<tag>.txt`, its log beside it), with
+    C/C++ frames when `native`; needs `py-spy` on PATH or $PY_SPY."""
     exe = os.environ.get("PY_SPY") or shutil.which("py-spy")
     if exe is None:
         raise SystemExit("--py-spy needs py-spy (on PATH, or $PY_SPY naming it)")
@@ -115,7 +138,7 @@ def start_py_spy(root: int, seconds: float, out: Path, tag: str) -> list[subproc
         # Each sample pauses the process (--nonblocking reads of a busy replica mostly fail);
         # at 100 per second that costs the run a few percent.
         cmd = [exe, "record", "--format", "raw", "--rate", "100", "--duration", str(int(seconds))]
-        cmd += ["--pid", str(proc.pid), "--output", str(path)]
+        cmd += ["--pid", str(proc.pid), "--output", str(path), *(["--native"] if native else [])]
         with path.with_suffix(".log").open("wb") as log:
             started.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
     return started
@@ -145,9 +168,11 @@ def bench_once(
         "--save-result", "--result-dir", str(out), "--result-filename", name,
     ]  # fmt: skip
     cpu_before = cpu_seconds(server.proc.pid)
+    threads_before = thread_cpu_seconds(server.proc.pid)
     with (out / "logs" / "vllm-bench.log").open("ab") as log:
         subprocess.run(cmd, check=True, stdout=log, stderr=log, timeout=args.run_timeout_s)
     cpu_after = cpu_seconds(server.proc.pid)
+    threads_after = thread_cpu_seconds(server.proc.pid)
     result = json.loads((out / name).read_text())
     (out / name).unlink()  # the summary keeps what matters; raw per-request lists are large
     row = {k: result[k] for k in (*METRICS, "completed", "total_output_tokens", "duration")}
@@ -155,6 +180,14 @@ def bench_once(
     row["cpu_cores_by_role"] = {
         role: round((cpu_after[role] - cpu_before.get(role, 0.0)) / result["duration"], 3)
         for role in cpu_after
+    }
+    # ... and per thread of the pool and ingress replicas: the event loop or Ray's threads
+    row["cpu_cores_by_thread"] = {
+        role: {
+            name: round((t - threads_before.get(role, {}).get(name, 0.0)) / result["duration"], 3)
+            for name, t in sorted(threads.items(), key=lambda kv: -kv[1])
+        }
+        for role, threads in threads_after.items()
     }
     return row
 
@@ -425,6 +458,11 @@ def main(argv: list[str] | None = None) -> int:
         help="sample the app's pool and ingress replicas with py-spy for this long at the start "
         "of its first run at each concurrency (collapsed stacks beside the results)",
     )
+    parser.add_argument(
+        "--py-spy-native",
+        action="store_true",
+        help="with --py-spy: C/C++ frames too (Ray's core worker and gRPC threads)",
+    )
     parser.add_argument("--ports", default="18001,18002,18265,18080")
     parser.add_argument("--out", type=Path, default=Path("docs/results/streaming/latest"))
     parser.add_argument("--replot", type=Path, help="only redraw DIR/streaming.png from its JSON")
@@ -475,7 +513,10 @@ def main(argv: list[str] | None = None) -> int:
                 for server in targets[shift:] + targets[:shift]:
                     spies = []
                     if args.py_spy and server.name == "app" and rep == 0:
-                        spies = start_py_spy(server.proc.pid, args.py_spy, args.out, f"c{conc}")
+                        tag = f"c{conc}"
+                        spies = start_py_spy(
+                            server.proc.pid, args.py_spy, args.out, tag, args.py_spy_native
+                        )
                     row = bench_once(server, model, tokenizer, args, conc, args.out, cells[conc])
                     for spy in spies:
                         spy.wait(timeout=args.py_spy + 60)

@@ -11,7 +11,8 @@
 # (0.15 of its memory each, a fixed 16 GiB KV cache, so they start together; one server is driven
 # at a time). CONC, REPEATS, API_SERVERS and REQUESTS (requests per run, CONC=N,...: sized from
 # the rates measured before, so no pilot runs) and PROFILE override. PY_SPY_S=N samples the app's
-# pool and ingress replicas with py-spy for N s in its first run at each concurrency.
+# pool and ingress replicas with py-spy for N s in its first run at each concurrency (PY_SPY_NATIVE=1:
+# with C/C++ frames).
 set -euo pipefail
 : "${SERVE_APP_SITE:?names the offline vLLM + Ray install (the directory holding env.sh)}"
 OUT=${1:?usage: run_h200.sh OUT_DIR}
@@ -28,4 +29,4 @@ python3 -m serve_app.bench.streaming --profile "${PROFILE:-h200-stream-shared}" 
   --output-len 256 --vllm-api-servers "${API_SERVERS:-1,2,4,8}" \
   --requests-per-run "${REQUESTS:-64=960,256=2300,1=45}" \
   --vllm-env CUDA_VISIBLE_DEVICES=0 --app-env CUDA_VISIBLE_DEVICES=$APP_GPU \
-  ${PY_SPY_S:+--py-spy "$PY_SPY_S"} --out "$OUT" > "$OUT/bench.txt" 2>&1
+  ${PY_SPY_S:+--py-spy "$PY_SPY_S"} ${PY_SPY_NATIVE:+--py-spy-native} --out "$OUT" > "$OUT/bench.txt" 2>&1

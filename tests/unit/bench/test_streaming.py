@@ -91,8 +91,9 @@ def test_runs_sized_on_the_command_line_need_no_pilots(monkeypatch) -> None:
     assert streaming.conc_counts("64=900,256=100") == {64: 900, 256: 100}
 
 
+@pytest.mark.parametrize("native", [False, True])
 def test_py_spy_samples_the_pool_and_ingress_replicas_only(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: bool
 ) -> None:
     import os
     import signal
@@ -119,7 +120,7 @@ def test_py_spy_samples_the_pool_and_ingress_replicas_only(
                 break
             time.sleep(0.05)
         pool, ingress = by_title[titles[0]], by_title[titles[1]]
-        spies = streaming.start_py_spy(root.pid, 5, tmp_path, "c64")
+        spies = streaming.start_py_spy(root.pid, 5, tmp_path, "c64", native)
         for spy in spies:
             spy.wait(timeout=10)
     finally:
@@ -131,6 +132,42 @@ def test_py_spy_samples_the_pool_and_ingress_replicas_only(
     assert args[args.index("--pid") + 1] == str(pool)
     assert args[args.index("--duration") + 1] == "5"
     assert args[args.index("--output") + 1] == str(tmp_path / f"py-spy-pool-replica-{pool}-c64.txt")
+    assert ("--native" in args) is native
+
+
+def test_thread_cpu_is_counted_for_the_pool_and_ingress_replicas_only() -> None:
+    import os
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    titles = ("ServeReplica:llm:pool-low-latency", "ServeReplica:llm:Ingress", "raylet")
+    busy = "ServeReplica:llm:pool-low-latency"  # spins; the others sleep
+    script = " ".join(
+        f"(exec -a '{t}' bash -c 'while :; do :; done') &"
+        if t == busy
+        else f"(exec -a '{t}' sleep 30) &"
+        for t in titles
+    )
+    root = subprocess.Popen(["bash", "-c", script + " wait"], start_new_session=True)
+    try:
+        for _ in range(100):
+            names = {c.cmdline()[0] for c in psutil.Process(root.pid).children()}
+            if set(titles) <= names:
+                break
+            time.sleep(0.05)
+        before = streaming.thread_cpu_seconds(root.pid)
+        time.sleep(0.5)
+        after = streaming.thread_cpu_seconds(root.pid)
+    finally:
+        os.killpg(root.pid, signal.SIGKILL)
+        root.wait()
+    assert set(after) == {"pool replica", "ingress"}
+    (spinner,) = after["pool replica"]  # its one thread, named by the kernel after its title
+    assert after["pool replica"][spinner] - before["pool replica"].get(spinner, 0.0) > 0.1
+    assert sum(after["ingress"].values()) < 0.1
 
 
 def test_py_spy_must_be_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
