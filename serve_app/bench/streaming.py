@@ -530,6 +530,9 @@ def main(argv: list[str] | None = None) -> int:
                         f"CPU cores: {cpu}",
                         flush=True,
                     )
+                    for role, threads in row["cpu_cores_by_thread"].items():
+                        top = ", ".join(f"{k} {v:.2f}" for k, v in list(threads.items())[:4])
+                        print(f"    {role} threads: {top}", flush=True)
             # written as each concurrency ends: a run cut short keeps what it measured
             write_report(args, profile, app_env, started, rows, cells)
         if args.harness:
