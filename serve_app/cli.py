@@ -45,8 +45,9 @@ SINGLE_NODE_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 # Ray starts its worker processes at nice 15 (so that batch jobs leave CPU to the GCS and raylet);
 # here those are the request path and the engines, which then lose every contended core to any
 # process at the default priority: a benchmark client, a log shipper, Ray's own dashboard. They
-# run at the default priority instead, level with the GCS and raylet (on two cores the app made
-# 0.74-0.79 of `vllm serve`'s tok/s at nice 15, 0.84-0.87 at 0: docs/results/streaming.md).
+# run at the default priority instead, level with the GCS and raylet. (On two cores, 3 runs each,
+# at concurrency 64 the app made 0.76-0.83 of `vllm serve`'s tok/s at nice 15 and 0.84-0.87 at
+# 0; at 1 and 4 the ranges overlap: docs/results/streaming.md.)
 SERVE_ENV = {
     "RAY_worker_niceness": "0",
     "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
