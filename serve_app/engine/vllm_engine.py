@@ -33,6 +33,7 @@ from vllm.sampling_params import RequestOutputKind
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDeadError
+from vllm.v1.engine.exceptions import EngineGenerateError
 from vllm.v1.metrics.loggers import StatLoggerBase
 
 try:  # vLLM 0.32
@@ -121,6 +122,8 @@ def engine_args_for(profile: ResolvedProfile) -> AsyncEngineArgs:
 # must leave in milliseconds), so the engine may run at a lower scheduling priority than Ray's
 # workers (15). $SERVE_APP_CPU_ENGINE_NICENESS sets it; 0 leaves the engine at Ray's priority.
 CPU_ENGINE_NICENESS_ENV = "SERVE_APP_CPU_ENGINE_NICENESS"
+DEAD_SEEN_WITHIN_S = 1.0  # after a request's engine stream failed (OpenAILayer._engine_dead)
+DEAD_POLL_S = 0.01
 
 
 def _lower_priority_of_children(niceness: int) -> None:
@@ -377,6 +380,7 @@ class _Watch:
         self.first = asyncio.Event()
         self.stages: dict[str, float] | None = None
         self.finish_reason: str | None = None
+        self.failed = False  # the engine failed the request (vLLM's layer makes it an event)
         self._started = started
         self._timed = timed
         self._streams = 0
@@ -405,6 +409,9 @@ class _Watch:
             async for out in stream:
                 self._seen(out, cumulative)
                 yield out
+        except (VLLMEngineDeadError, EngineGenerateError):
+            self.failed = True
+            raise
         finally:
             await stream.aclose()  # closed early (client gone): vLLM aborts the request
 
@@ -497,6 +504,21 @@ class OpenAILayer:
         assert call is not None and call.request is request
         return call.inputs
 
+    async def _engine_dead(self, watch: _Watch) -> bool:
+        """Whether the engine is dead. When the request's engine stream failed, the engine is
+        given DEAD_SEEN_WITHIN_S to be seen dead: vLLM fails its requests from the output
+        handler, which may see the engine core's end before the thread watching that process
+        marks the engine dead, and the request's error is then not yet told from one of its
+        own."""
+        if self._llm.errored or not watch.failed:
+            return self._llm.errored
+        deadline = time.monotonic() + DEAD_SEEN_WITHIN_S
+        while time.monotonic() < deadline:
+            await asyncio.sleep(DEAD_POLL_S)
+            if self._llm.errored:
+                return True
+        return False
+
     async def serve(self, call: ApiCall, timed: bool) -> AsyncIterator[StreamChunk]:
         """The response as vLLM's server makes it: one chunk per SSE event of a stream; for a
         whole response, a chunk when the first token is out, then one with the body."""
@@ -531,7 +553,7 @@ class OpenAILayer:
         error = api_error(result)
         if error is not None:
             status, body = error
-            if status >= 500 and self._llm.errored:
+            if status >= 500 and await self._engine_dead(watch):
                 # vLLM's server answers 500; here the replica is unhealthy and the ingress
                 # routes the request again (EngineDeadError), as for a dead replica
                 raise EngineDeadError(body[:300])
@@ -548,7 +570,7 @@ class OpenAILayer:
         else:
             try:
                 async for event in result:
-                    if not watch.first.is_set() and self._llm.errored:
+                    if not watch.first.is_set() and await self._engine_dead(watch):
                         # vLLM's stream turns the dead engine into an error event; nothing of
                         # this request reached the client yet, so the ingress routes it again
                         raise EngineDeadError(str(event)[:300])

@@ -1,5 +1,6 @@
 import argparse
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -91,6 +92,16 @@ def test_runs_sized_on_the_command_line_need_no_pilots(monkeypatch) -> None:
     assert streaming.conc_counts("64=900,256=100") == {64: 900, 256: 100}
 
 
+def _title(proc: Any) -> str:
+    """argv[0] of a child, or "" while it has none yet (just forked) or is gone."""
+    import psutil
+
+    try:
+        return str((proc.cmdline() or [""])[0])
+    except psutil.Error:
+        return ""
+
+
 @pytest.mark.parametrize("native", [False, True])
 def test_py_spy_samples_the_pool_and_ingress_replicas_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: bool
@@ -115,7 +126,7 @@ def test_py_spy_samples_the_pool_and_ingress_replicas_only(
         # Until each child has exec'd under its title: a child not yet exec'd is a fork of the
         # shell, whose command line holds every title, so match on argv[0] alone.
         for _ in range(100):
-            by_title = {c.cmdline()[0]: c.pid for c in psutil.Process(root.pid).children()}
+            by_title = {_title(c): c.pid for c in psutil.Process(root.pid).children()}
             if set(titles) <= by_title.keys():
                 break
             time.sleep(0.05)
@@ -154,13 +165,18 @@ def test_thread_cpu_is_counted_for_the_pool_and_ingress_replicas_only() -> None:
     root = subprocess.Popen(["bash", "-c", script + " wait"], start_new_session=True)
     try:
         for _ in range(100):
-            names = {c.cmdline()[0] for c in psutil.Process(root.pid).children()}
+            names = {_title(c) for c in psutil.Process(root.pid).children()}
             if set(titles) <= names:
                 break
             time.sleep(0.05)
         before = streaming.thread_cpu_seconds(root.pid)
-        time.sleep(0.5)
-        after = streaming.thread_cpu_seconds(root.pid)
+        for _ in range(100):  # until the spinner got 0.1 s of CPU (on a busy machine, later)
+            time.sleep(0.1)
+            after = streaming.thread_cpu_seconds(root.pid)
+            if sum(after.get("pool replica", {}).values()) > 0.1 + sum(
+                before.get("pool replica", {}).values()
+            ):
+                break
     finally:
         os.killpg(root.pid, signal.SIGKILL)
         root.wait()

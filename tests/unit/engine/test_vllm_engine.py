@@ -1,10 +1,17 @@
-"""The engine's stages from vLLM's per-request timestamps (RequestOutput.metrics)."""
+"""The engine's stages from vLLM's per-request timestamps (RequestOutput.metrics), and how a
+request the engine failed is told from one that failed on its own."""
 
+import asyncio
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
+from vllm import SamplingParams
+from vllm.v1.engine.exceptions import EngineGenerateError
 
-from serve_app.engine.vllm_engine import engine_stages
+from serve_app.engine.protocol import ApiCall, ApiKind, EngineDeadError, StreamChunk
+from serve_app.engine.vllm_engine import OpenAILayer, _WatchedClient, engine_stages
 from serve_app.timing import Stage
 
 
@@ -29,3 +36,69 @@ def test_stages_come_from_vllm_timestamps_bracketed_by_the_replica() -> None:
 )
 def test_no_stages_without_timestamps(metrics: object) -> None:
     assert engine_stages(SimpleNamespace(metrics=metrics), 0.0, 1.0) is None
+
+
+class _DyingLLM:
+    """An AsyncLLM whose engine fails each request before its first output, and is seen dead
+    `dead_after_s` later (by vLLM's thread watching the engine core), or never (None)."""
+
+    def __init__(self, dead_after_s: float | None) -> None:
+        self.errored = False
+        self._dead_after_s = dead_after_s
+
+    def generate(self, prompt: Any, params: Any, request_id: str) -> AsyncIterator[Any]:
+        async def stream() -> AsyncIterator[Any]:
+            if self._dead_after_s is not None:
+                loop = asyncio.get_running_loop()
+                loop.call_later(self._dead_after_s, setattr, self, "errored", True)
+            raise EngineGenerateError()
+            yield  # an async generator
+
+        return stream()
+
+
+class _Completions:
+    """vLLM's completion serving class, as far as OpenAILayer uses it: it asks the engine for
+    the request's outputs when called, and streams an engine failure as an error event."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    async def create_completion(self, request: Any, raw: Any) -> AsyncIterator[str]:
+        outputs = self._client.generate(None, SamplingParams(), request.request_id)
+
+        async def events() -> AsyncIterator[str]:
+            try:
+                async for _ in outputs:
+                    yield 'data: {"choices": []}\n\n'
+            except Exception:
+                yield 'data: {"error": {"message": "engine failed", "code": 500}}\n\n'
+            yield "data: [DONE]\n\n"
+
+        return events()
+
+
+@pytest.mark.parametrize("dead_after_s", [0.0, 0.05, None])
+def test_a_stream_the_engine_failed_before_output_is_routed_again_once_it_is_dead(
+    dead_after_s: float | None,
+) -> None:
+    """vLLM fails the requests of a dead engine from its output handler, which may run before
+    the thread watching the engine core marks the engine dead: the replica waits that long
+    before taking the failure for the request's own (an error event, as vLLM's server sends)."""
+    llm = _DyingLLM(dead_after_s)
+    state = SimpleNamespace(
+        openai_serving_chat=SimpleNamespace(),
+        openai_serving_completion=_Completions(_WatchedClient(llm)),
+    )
+    layer = OpenAILayer(state, llm)  # type: ignore[arg-type]
+    call = ApiCall(ApiKind.COMPLETION, SimpleNamespace(stream=True, request_id="r1"), [])
+
+    async def chunks() -> list[StreamChunk]:
+        return [chunk async for chunk in layer.serve(call, timed=False)]
+
+    if dead_after_s is None:
+        events = asyncio.run(chunks())
+        assert "engine failed" in (events[0].data or "")
+    else:
+        with pytest.raises(EngineDeadError):
+            asyncio.run(chunks())
