@@ -181,7 +181,7 @@ def test_thread_cpu_is_counted_for_the_pool_and_ingress_replicas_only() -> None:
         os.killpg(root.pid, signal.SIGKILL)
         root.wait()
     assert set(after) == {"pool replica", "ingress"}
-    (spinner,) = after["pool replica"]  # its one thread, named by the kernel after its title
+    (spinner,) = after["pool replica"]  # its one thread (named after its executable, bash)
     assert after["pool replica"][spinner] - before["pool replica"].get(spinner, 0.0) > 0.1
     assert sum(after["ingress"].values()) < 0.1
 
