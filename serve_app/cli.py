@@ -42,14 +42,11 @@ SINGLE_NODE_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 # block turns gRPC on. The proxy hook (serve_app/proxy_hooks.py) stamps each request's arrival
 # for the TTFT breakdown and drops the headers with which a client could switch off Serve's
 # timeout and disconnect handling.
-# Ray starts its worker processes at nice 15 (so that batch jobs leave CPU to the GCS and raylet);
-# here those are the request path and the engines, which then lose every contended core to any
-# process at the default priority: a benchmark client, a log shipper, Ray's own dashboard. They
-# run at the default priority instead, level with the GCS and raylet. (On two cores, 3 runs each,
-# at concurrency 64 the app made 0.76-0.83 of `vllm serve`'s tok/s at nice 15 and 0.84-0.87 at
-# 0; at 1 and 4 the ranges overlap: docs/results/streaming.md.)
+# Ray starts its worker processes (the replicas, and the engines they start) at nice 15;
+# RAY_worker_niceness=0 in the environment runs them at the default priority. Not the default
+# here: on two cores it gained at concurrency 64 only (docs/results/streaming.md), and the
+# refusal-driven scale-up test then no longer scaled within 180 s.
 SERVE_ENV = {
-    "RAY_worker_niceness": "0",
     "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
     "RAY_SERVE_USE_GRPC_BY_DEFAULT": "1",
     "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1",

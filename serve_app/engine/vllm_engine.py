@@ -119,9 +119,8 @@ def engine_args_for(profile: ResolvedProfile) -> AsyncEngineArgs:
 
 # On a CPU host the engine processes compete with the serving path (HTTP proxy, ingress, Ray)
 # for the same cores. The engine is throughput work; the serving path is latency work (a refusal
-# must leave in milliseconds), so the engine may run at a lower scheduling priority than the
-# replica that started it (Ray's worker niceness: 0 as serve_app.cli starts Ray, 15 Ray's
-# default). $SERVE_APP_CPU_ENGINE_NICENESS sets it; 0 leaves the engine at the replica's.
+# must leave in milliseconds), so the engine may run at a lower scheduling priority than Ray's
+# workers (15). $SERVE_APP_CPU_ENGINE_NICENESS sets it; 0 leaves the engine at Ray's priority.
 CPU_ENGINE_NICENESS_ENV = "SERVE_APP_CPU_ENGINE_NICENESS"
 DEAD_SEEN_WITHIN_S = 1.0  # after a request's engine stream failed (OpenAILayer._engine_dead)
 DEAD_POLL_S = 0.01

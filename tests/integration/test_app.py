@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from typing import Any
 
@@ -265,24 +264,6 @@ def test_ray_runs_on_loopback(app_server: AppServer) -> None:
 
     addresses = {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
     assert addresses == {"127.0.0.1"}
-
-
-def test_replicas_and_engines_run_at_the_drivers_priority(app_server: AppServer) -> None:
-    """Not at Ray's worker niceness (15), below every process at the default priority."""
-    import psutil
-
-    from serve_app.cli import descendants
-
-    serving = {}
-    for proc in descendants():
-        with contextlib.suppress(psutil.Error):
-            title = " ".join(proc.cmdline())
-            if "ServeReplica:llm:" in title or "VLLM::" in title:
-                serving[title.split()[0]] = proc.nice()
-    assert any("pool-low-latency" in t for t in serving), serving
-    assert any("Ingress" in t for t in serving), serving
-    assert any("VLLM::EngineCore" in t for t in serving), serving
-    assert set(serving.values()) == {psutil.Process().nice()}, serving
 
 
 def test_truncate_prompt_keeps_the_head_and_tail_of_a_long_prompt(app_server: AppServer) -> None:
