@@ -128,6 +128,17 @@ class PoolSpec(BaseModel):
         "call; set stream_messages_per_s to about 2000 then).",
     )
 
+    frontends: int = Field(
+        1,
+        ge=1,
+        le=16,
+        description="Processes that serve one engine's requests, as `vllm serve "
+        "--api-server-count`: the replica and frontends - 1 Ray actors beside it, each a client "
+        "of the engine running vLLM's OpenAI layer for its share of the streams and sending "
+        "their chunks straight to the ingress (engine/frontend.py). More than 1 pays where one "
+        "process's event loop limits the streams (a GPU at high concurrency).",
+    )
+
     @model_validator(mode="after")
     def _bounds_ordered(self) -> PoolSpec:
         if self.min_replicas > self.max_replicas:

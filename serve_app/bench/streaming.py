@@ -57,6 +57,7 @@ ROLES = (
     ("ServeReplica:llm:Ingress", "ingress"),
     ("ServeReplica:llm:pool-state", "pool-state board"),
     ("ServeReplica:llm:pool-", "pool replica"),
+    ("EngineFrontend", "engine frontends"),
     ("EngineCore", "engine core"),
     ("VLLM::Worker", "engine worker"),
     ("gcs_server", "ray control"),
@@ -98,7 +99,7 @@ def cpu_seconds(root: int) -> dict[str, float]:
     return totals
 
 
-PROFILED_ROLES = ("pool replica", "ingress")
+PROFILED_ROLES = ("pool replica", "engine frontends", "ingress")
 
 
 def thread_cpu_seconds(root: int) -> dict[str, dict[str, float]]:

@@ -17,10 +17,14 @@ replica.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
+from typing import Any
 
-from serve_app.engine.protocol import StreamChunk
+from serve_app.engine.coalesce import MIN_COALESCE_S, MessageBudget
+from serve_app.engine.protocol import GenerationRequest, StreamChunk
+from serve_app.timing import Stage, elapsed_ms
 
 # A channel no stream has used for this long ends (the ingress opens another when it next
 # dispatches): a replica Serve is draining gets no new streams, so its channels end and do not
@@ -36,11 +40,13 @@ class ChannelHello:
     """A channel's first message: which replica it reaches, and whether it is open.
 
     Not accepted: the ingress already has a channel to this replica (Serve routed the call to a
-    replica it had reached before); the call ends at once.
+    replica it had reached before); the call ends at once. `frontends`: the Ray actor handles
+    of the replica's engine frontends (engine/frontend.py), each to be given a channel too.
     """
 
     replica_id: str
     accepted: bool
+    frontends: tuple[Any, ...] = ()
 
 
 class Channel:
@@ -74,12 +80,13 @@ class Channel:
 
 
 class Channels:
-    """A replica's open channels, by ingress id."""
+    """A replica's (or an engine frontend's) open channels, by ingress id."""
 
     def __init__(self, replica_id: str, idle_s: float = IDLE_S) -> None:
         self._replica_id = replica_id
         self._idle_s = idle_s
         self._open: dict[str, Channel] = {}
+        self.frontends: tuple[Any, ...] = ()  # named in the hello
 
     def acquire(self, ingress_id: str) -> Channel | None:
         """The open channel to `ingress_id` for one more stream (`release` it when done)."""
@@ -92,11 +99,11 @@ class Channels:
     async def serve(self, ingress_id: str) -> AsyncIterator[ChannelHello | Batch]:
         """A channel's messages: the hello, then batches until the ingress closes it."""
         if ingress_id in self._open:
-            yield ChannelHello(self._replica_id, accepted=False)
+            yield ChannelHello(self._replica_id, accepted=False, frontends=self.frontends)
             return
         channel = self._open[ingress_id] = Channel(self._idle_s)
         try:
-            yield ChannelHello(self._replica_id, accepted=True)
+            yield ChannelHello(self._replica_id, accepted=True, frontends=self.frontends)
             async for batch in channel.batches():
                 yield batch
         finally:
@@ -107,3 +114,53 @@ class Channels:
 
     def __len__(self) -> int:
         return len(self._open)
+
+
+async def relay(
+    chunks: AsyncIterator[StreamChunk],
+    request: GenerationRequest,
+    channel: Channel | None,
+    received: float,
+    budget: MessageBudget | None = None,
+    streams: Callable[[], int] = lambda: 1,
+) -> AsyncIterator[tuple[StreamChunk, bool]]:
+    """Send one stream's chunks: on `channel` while it is open, else back to the caller to go on
+    the request's own call. Yields (chunk, carried): carried chunks went on a channel, and the
+    caller only takes note of them. A chunk that is already a receipt (`StreamChunk.carried`:
+    an engine frontend sent it on its own channel) is yielded as carried and not sent again.
+
+    Under load the stream is coalesced: after a message it waits its share of `budget` before
+    taking the next output, and the engine merges the deltas produced meanwhile into one (vLLM's
+    DELTA outputs accumulate until read). The first token always goes at once; with few streams
+    the share is shorter than an engine step, so every step goes out as it comes.
+    """
+    first = True
+    receipts = False
+    async for chunk in chunks:
+        if chunk.carried:
+            receipts = True
+            yield chunk, True
+            continue
+        if first and chunk.num_tokens:
+            first = False
+            if request.sent_at:
+                chunk.stages = chunk.stages or {}
+                chunk.stages.setdefault(Stage.DISPATCH, elapsed_ms(request.sent_at, received))
+        chunk.sent_at = time.time()
+        carried = channel is not None and channel.open
+        if carried:
+            channel.put(request.request_id, chunk)  # type: ignore[union-attr]
+        yield chunk, carried
+        if budget is not None and chunk.finish_reason is None:
+            gap_s = budget.gap_s(streams())
+            if gap_s > MIN_COALESCE_S:
+                await asyncio.sleep(gap_s)
+    # The stream's end, unless a frontend's channel carries it (two channels are not ordered:
+    # an end sent here could overtake that channel's last chunks).
+    if channel is not None and channel.open and not receipts:
+        channel.put(request.request_id, None)
+
+
+def receipt(chunk: StreamChunk) -> StreamChunk:
+    """What an engine frontend tells its replica of a chunk it sent on its own channel."""
+    return replace(chunk, data=None, stages=None, carried=True)

@@ -22,6 +22,9 @@ INCREASE = 0.1  # of the ceiling, per report without lag
 # The longest a stream is held between messages. A hold of g adds at most g to the stream's end,
 # g / (n - 1) to the TPOT of n tokens: 0.5 ms per token over 100, 20 updates a second on a page.
 MAX_GAP_S = 0.05
+# A stream's share of the message budget below this is not worth a timer: an engine step takes
+# longer, so the next output is not ready sooner anyway.
+MIN_COALESCE_S = 0.002
 
 
 @dataclass(slots=True)

@@ -89,6 +89,9 @@ class StreamChunk:
     # one SSE event of a stream); None on a chunk that only says the first token is out.
     data: str | None = None
     status: int = 200  # an error's HTTP status (data is then vLLM's error body)
+    # A receipt: an engine frontend sent this chunk on its own channel to the ingress, and tells
+    # its replica of it (the first token's and the last chunk); not to be sent again
+    carried: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +103,9 @@ class EngineStats:
     kv_cache_usage: float = 0.0
     prefix_cache_hit_rate: float = 0.0
     healthy: bool = True
+    # when the engine step it describes ended (time.monotonic(), the machine's clock on Linux):
+    # with several clients of one engine, each sees the steps' stats only now and then
+    recorded_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

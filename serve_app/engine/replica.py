@@ -19,8 +19,9 @@ from ray.serve.handle import DeploymentHandle
 
 from serve_app.autoscaling import ARRIVALS_METRIC, REFUSED_METRIC, WAITING_METRIC
 from serve_app.constants import ENGINE_START_TIMEOUT_S, STATS_PERIOD_S
-from serve_app.engine.channel import Batch, ChannelHello, Channels
+from serve_app.engine.channel import Batch, ChannelHello, Channels, relay
 from serve_app.engine.coalesce import MessageBudget
+from serve_app.engine.frontend import Frontends
 from serve_app.engine.metrics import ReplicaMetrics
 from serve_app.engine.prefill import PrefillMeter, RecentRate
 from serve_app.engine.protocol import (
@@ -34,15 +35,11 @@ from serve_app.engine.protocol import (
     StreamChunk,
 )
 from serve_app.profiles import ResolvedProfile
-from serve_app.timing import Stage, elapsed_ms
 
 logger = logging.getLogger("ray.serve")
 
 EngineFactory = Callable[[ResolvedProfile], Engine]
 _RECENT = 64  # latencies kept per replica for the pool snapshot
-# A stream's share of the message budget below this is not worth a timer: an engine step takes
-# longer, so the next output is not ready sooner anyway.
-MIN_COALESCE_S = 0.002
 
 
 def vllm_engine(profile: ResolvedProfile) -> Engine:
@@ -93,13 +90,22 @@ class EngineReplica:
         # generate() calls in flight, and why the engine is dead once it is: they all fail then
         self._inflight: set[asyncio.Task[Any]] = set()
         self._dead: str | None = None
+        self._frontends: Frontends | None = None
         started = time.monotonic()
         await asyncio.wait_for(self._engine.start(), ENGINE_START_TIMEOUT_S)
+        slots = getattr(self._engine, "slots", [])
+        if slots:
+            self._frontends = await asyncio.wait_for(
+                Frontends.start(profile, slots, self._replica_id, self._placement.node_id),
+                ENGINE_START_TIMEOUT_S,
+            )
+            self._channels.frontends = self._frontends.handles
         logger.info(
-            "pool %s: engine ready in %.1f s (model %s)",
+            "pool %s: engine ready in %.1f s (model %s, %d frontends)",
             profile.name,
             time.monotonic() - started,
             profile.model,
+            len(slots) + 1,
         )
         self._metrics = ReplicaMetrics(profile.name)
         self._reporter = asyncio.get_running_loop().create_task(self._report_forever())
@@ -107,15 +113,11 @@ class EngineReplica:
     async def generate(self, request: GenerationRequest) -> AsyncIterator[StreamChunk]:
         """Stream the request's output; cancellation (caller gone) aborts it in the engine.
 
-        Every message crosses a process boundary, so under load the stream is coalesced: after
-        a message this stream waits its share of the replica's message budget before taking the
-        next output, and the engine merges the deltas produced meanwhile into one (vLLM's DELTA
-        outputs accumulate until read). The first token always goes at once; with few streams
-        the share is shorter than an engine step, so every step goes out as it comes.
-
         When the request's ingress has a channel to this replica (engine/channel.py), the chunks
         go on the channel, together with the other streams', and this call yields nothing: it
-        ends when the request does (or raises, as without a channel).
+        ends when the request does (or raises, as without a channel). With engine frontends
+        (engine/frontend.py) the process serving the fewest streams serves it: a frontend sends
+        the chunks on its own channel, and tells this replica of the first token and the end.
         """
         if self._dead is not None:
             raise EngineDeadError(self._dead)
@@ -131,27 +133,27 @@ class EngineReplica:
         self._arrivals.add()
         self._prefill.queued(prompt_tokens)
         channel = self._channels.acquire(request.channel)
+        served_by = self._frontends.pick() if self._frontends is not None else 0
+        if served_by:
+            assert self._frontends is not None
+            chunks = self._frontends.forward(served_by, request)
+            budget = None  # the frontend coalesces
+        else:
+            chunks = self._engine.generate(request)
+            budget = self._budget
+            if self._frontends is not None:
+                self._frontends.own(1)
         try:
-            async for chunk in self._engine.generate(request):
+            async for chunk, carried in relay(
+                chunks, request, channel, received, budget, lambda: self._streams
+            ):
                 if first_at is None and chunk.num_tokens:
                     first_at = time.perf_counter()
                     self._prefill.prefilled(prompt_tokens)
                     self._ttft_ms.append((first_at - started) * 1e3)
-                    if request.sent_at:
-                        chunk.stages = chunk.stages or {}
-                        chunk.stages[Stage.DISPATCH] = elapsed_ms(request.sent_at, received)
                 last = chunk
-                chunk.sent_at = time.time()
-                if channel is not None and channel.open:
-                    channel.put(request.request_id, chunk)
-                else:
+                if not carried:
                     yield chunk
-                if self._budget is not None and chunk.finish_reason is None:
-                    gap_s = self._budget.gap_s(self._streams)
-                    if gap_s > MIN_COALESCE_S:
-                        await asyncio.sleep(gap_s)
-            if channel is not None and channel.open:
-                channel.put(request.request_id, None)  # the stream's end
         except EngineDeadError as e:
             self._engine_died(str(e))
             raise
@@ -164,6 +166,8 @@ class EngineReplica:
         finally:
             self._inflight.discard(task)  # type: ignore[arg-type]
             self._streams -= 1
+            if self._frontends is not None and not served_by:
+                self._frontends.own(-1)
             if channel is not None:
                 channel.streams -= 1
             if first_at is None:
@@ -178,11 +182,11 @@ class EngineReplica:
             yield message
 
     async def stats(self) -> EngineStats:
-        return self._engine.stats()
+        return self._engine_stats()
 
     def record_autoscaling_stats(self) -> dict[str, float]:
         """Serve's hook for custom autoscaling metrics (serve_app.autoscaling reads them)."""
-        stats = self._engine.stats()
+        stats = self._engine_stats()
         return {
             WAITING_METRIC: stats.waiting,
             "engine_running": stats.running,
@@ -215,12 +219,14 @@ class EngineReplica:
         )
         for t in stuck:
             t.cancel()
+        if self._frontends is not None:  # their streams fail with the calls forwarding them
+            self._frontends.stop()
 
     def report(self) -> ReplicaReport:
         return ReplicaReport(
             pool=self._profile.name,
             replica_id=self._replica_id,
-            stats=self._engine.stats(),
+            stats=self._engine_stats(),
             max_model_len=self._profile.max_model_len,
             reported_at=time.time(),
             ttft_ms_recent=tuple(self._ttft_ms),
@@ -230,8 +236,14 @@ class EngineReplica:
             prefill_tok_s=self._prefill.rate(),
         )
 
+    def _engine_stats(self) -> EngineStats:
+        stats = self._engine.stats()
+        return stats if self._frontends is None else self._frontends.stats(stats)
+
     async def _report_forever(self) -> None:
         while True:
+            if self._frontends is not None:
+                await self._frontends.poll_stats(STATS_PERIOD_S)
             report = self.report()
             if not report.stats.healthy:
                 self._engine_died("the engine is not running")
@@ -250,5 +262,8 @@ class EngineReplica:
         # Serve's documented shutdown hook: it calls __del__ explicitly when the replica stops.
         with contextlib.suppress(Exception):
             self._reporter.cancel()
+        with contextlib.suppress(Exception):
+            if self._frontends is not None:
+                self._frontends.stop()
         with contextlib.suppress(Exception):
             self._engine.shutdown()

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import inspect
 import logging
 import os
 import time
 from argparse import Namespace
 from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -30,10 +32,13 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 from vllm.inputs import TokensPrompt
 from vllm.sampling_params import RequestOutputKind
+from vllm.usage.usage_lib import UsageContext
 from vllm.utils.argparse_utils import FlexibleArgumentParser
+from vllm.v1.engine import utils as engine_utils
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDeadError
 from vllm.v1.engine.exceptions import EngineGenerateError
+from vllm.v1.executor import Executor
 from vllm.v1.metrics.loggers import StatLoggerBase
 
 try:  # vLLM 0.32
@@ -101,6 +106,7 @@ class _SchedulerStatsLogger(StatLoggerBase):
             running=scheduler_stats.num_running_reqs,
             kv_cache_usage=scheduler_stats.kv_cache_usage,
             prefix_cache_hit_rate=self._hits / self._queries if self._queries else 0.0,
+            recorded_at=time.monotonic(),
         )
 
     def log_engine_initialized(self) -> None:
@@ -157,32 +163,114 @@ def engine_stages(out: Any, started: float, now: float) -> dict[str, float] | No
     }
 
 
-class VLLMEngine(Engine):
-    """vLLM's AsyncLLM built from a resolved profile."""
+@dataclass(frozen=True)
+class ClientSlot:
+    """One client's place at an engine core started for several (`vllm serve
+    --api-server-count`): where it binds its request and output sockets, and its index."""
 
-    def __init__(self, profile: ResolvedProfile) -> None:
+    vllm_config: VllmConfig
+    input_address: str
+    output_address: str
+    count: int
+    index: int
+
+    def addresses(self) -> dict[str, Any]:
+        return {"input_address": self.input_address, "output_address": self.output_address}
+
+
+def launch_engine_core(engine_args: AsyncEngineArgs, clients: int) -> tuple[Any, list[ClientSlot]]:
+    """Start the engine core processes for `clients` AsyncLLM clients, as `vllm serve` does for
+    its API servers, and wait until the engine is up: (the processes' manager, the slots).
+
+    Each client binds its own sockets (IPC paths on this node) and the engine core connects to
+    all of them. vLLM 0.26 takes the client count as an argument and yields a tuple; 0.32 takes
+    the addresses alone and yields a CoreEngineLaunch."""
+    engine_args._api_process_count = clients
+    engine_args._api_process_rank = -1
+    vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+    executor_class = Executor.get_class(vllm_config)
+    if hasattr(engine_utils, "get_engine_zmq_bind_addresses"):  # vLLM 0.32
+        bind = engine_utils.get_engine_zmq_bind_addresses(vllm_config, clients)
+        addresses = engine_utils.EngineZmqAddresses(inputs=bind.inputs, outputs=bind.outputs)
+    else:  # vLLM 0.26
+        addresses = engine_utils.get_engine_zmq_addresses(vllm_config, clients)  # type: ignore[attr-defined]
+    launch = engine_utils.launch_core_engines
+    extra = (clients,) if "num_api_servers" in inspect.signature(launch).parameters else ()
+    with launch(vllm_config, executor_class, True, addresses, *extra) as launched:
+        pass  # leaving the block waits for the engine core's handshake (model loaded)
+    if isinstance(launched, tuple):  # vLLM 0.26: (manager, coordinator, addresses, queue)
+        manager, _, addresses, _ = launched
+    else:
+        manager, addresses = launched.engine_manager, launched.addresses
+    slots = [
+        ClientSlot(vllm_config, addresses.inputs[i], addresses.outputs[i], clients, i)
+        for i in range(clients)
+    ]
+    return manager, slots
+
+
+class VLLMEngine(Engine):
+    """vLLM's AsyncLLM built from a resolved profile.
+
+    With `pool.frontends` > 1 the engine core is started for that many clients: this AsyncLLM
+    is the first, and `slots` are the others' places (engine/frontend.py starts them). With a
+    `slot`, this AsyncLLM is one of those others, connecting to an engine core started
+    elsewhere."""
+
+    def __init__(self, profile: ResolvedProfile, slot: ClientSlot | None = None) -> None:
         self._profile = profile
+        self._slot = slot
         self._llm: AsyncLLM | None = None
+        self._core: Any = None  # the engine core processes' manager, when started here
         self._stats_logger: _SchedulerStatsLogger | None = None
         self._watchdog: Watchdog | None = None
         self._api: OpenAILayer | None = None
+        self.slots: list[ClientSlot] = []  # the other clients' places at this engine core
 
     async def start(self) -> None:
         def factory(vllm_config: Any, engine_index: int = 0) -> _SchedulerStatsLogger:
             self._stats_logger = _SchedulerStatsLogger(vllm_config, engine_index)
             return self._stats_logger
 
-        # Before the engine's processes exist, so that they end with this process whenever it
-        # ends, even while the engine is still loading. (In a Ray actor vLLM spawns them, so
-        # they do not inherit the watchdog's pipe.)
-        self._watchdog = Watchdog()
-        self._llm = AsyncLLM.from_engine_args(
-            engine_args_for(self._profile), stat_loggers=[factory]
-        )
+        clients = self._profile.pool.frontends
+        if self._slot is not None:  # a client of an engine core started by a replica
+            self._llm = self._client(self._slot, factory)
+        elif clients > 1:
+            self._watchdog = Watchdog()  # as below
+            self._core, slots = launch_engine_core(engine_args_for(self._profile), clients)
+            self._llm = self._client(slots[0], factory)
+            self.slots = slots[1:]
+        else:
+            # Before the engine's processes exist, so that they end with this process whenever
+            # it ends, even while the engine is still loading. (In a Ray actor vLLM spawns
+            # them, so they do not inherit the watchdog's pipe.)
+            self._watchdog = Watchdog()
+            self._llm = AsyncLLM.from_engine_args(
+                engine_args_for(self._profile), stat_loggers=[factory]
+            )
         self._api = await OpenAILayer.start(self._llm, self._profile)
         niceness = int(os.environ.get(CPU_ENGINE_NICENESS_ENV, "0"))
-        if self._profile.platform is Platform.CPU and niceness > 0:
+        if self._profile.platform is Platform.CPU and niceness > 0 and self._slot is None:
             _lower_priority_of_children(niceness)
+
+    @staticmethod
+    def _client(slot: ClientSlot, factory: Any) -> AsyncLLM:
+        return AsyncLLM.from_vllm_config(
+            slot.vllm_config,
+            usage_context=UsageContext.OPENAI_API_SERVER,
+            stat_loggers=[factory],
+            disable_log_stats=False,
+            client_addresses=slot.addresses(),
+            client_count=slot.count,
+            client_index=slot.index,
+        )
+
+    @property
+    def errored(self) -> bool:
+        """The engine is dead: its client says so, or a process of its core ended."""
+        if self._llm is None or self._llm.errored:
+            return True
+        return self._core is not None and bool(self._core.finished_procs())
 
     @property
     def llm(self) -> AsyncLLM:
@@ -233,15 +321,15 @@ class VLLMEngine(Engine):
             raise EngineRequestError(str(e)[:300]) from e
 
     async def check_health(self) -> None:
-        if self._llm is None or self._llm.errored:
+        if self.errored:
             raise EngineDeadError("vLLM engine is not running")
         try:
-            await self._llm.check_health()
+            await self.llm.check_health()
         except Exception as e:
             raise EngineDeadError(f"vLLM engine failed its health check: {e}") from e
 
     def stats(self) -> EngineStats:
-        if self._llm is not None and self._llm.errored:
+        if self._llm is not None and self.errored:
             return EngineStats(healthy=False)
         return self._stats_logger.latest if self._stats_logger else EngineStats()
 
@@ -249,6 +337,9 @@ class VLLMEngine(Engine):
         if self._llm is not None:
             self._llm.shutdown()
             self._llm = None
+        if self._core is not None:
+            self._core.shutdown()
+            self._core = None
         if self._watchdog is not None:  # ends whatever the engine's shutdown left running
             self._watchdog.release()
             self._watchdog = None

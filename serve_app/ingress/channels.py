@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any, cast
 
 from serve_app.engine.channel import Batch, ChannelHello
@@ -142,6 +142,9 @@ class IngressChannels:
         self._open: dict[str, set[str]] = {pool: set() for pool in self._enabled}
         self._opening: dict[str, asyncio.Task[None]] = {}
         self._readers: set[asyncio.Task[None]] = set()
+        self._frontends: set[str] = set()  # engine frontends (actor ids) with a channel
+        # the engine frontends the pools' replicas named, by actor id
+        self._known: dict[str, dict[str, Any]] = {pool: {} for pool in self._enabled}
 
     @property
     def ingress_id(self) -> str:
@@ -153,9 +156,11 @@ class IngressChannels:
 
     def want(self, pool: str, replica_ids: Iterable[str]) -> None:
         """Open channels to the replicas of `pool` that lack one (one call at a time)."""
-        if pool not in self._enabled or pool in self._opening:
+        if pool not in self._enabled:
             return
-        if set(replica_ids) <= self._open[pool]:
+        for key, frontend in self._known[pool].items():
+            self._want_frontend(pool, key, frontend)  # never opened, or closed when idle
+        if pool in self._opening or set(replica_ids) <= self._open[pool]:
             return
         task = asyncio.get_running_loop().create_task(self._open_one(pool))
         self._opening[pool] = task
@@ -182,16 +187,54 @@ class IngressChannels:
             stream.cancel()
             await asyncio.sleep(RETRY_S)
             return
+        for frontend in hello.frontends:
+            key = frontend._actor_id.hex()
+            self._known[pool][key] = frontend
+            self._want_frontend(pool, key, frontend)
         if not hello.accepted:  # Serve routed it to a replica already reached
             await asyncio.sleep(RETRY_S / 10)
             return
         self._open[pool].add(hello.replica_id)
         logger.debug("pool %s: stream channel to replica %s open", pool, hello.replica_id)
-        reader = asyncio.get_running_loop().create_task(self._read(pool, hello.replica_id, stream))
-        self._readers.add(reader)
-        reader.add_done_callback(self._readers.discard)
+        self._start(self._read(pool, hello.replica_id, stream, stream.cancel))
 
-    async def _read(self, pool: str, replica_id: str, stream: Any) -> None:
+    def _want_frontend(self, pool: str, key: str, frontend: Any) -> None:
+        if key not in self._frontends:
+            self._frontends.add(key)
+            self._start(self._open_frontend(pool, key, frontend))
+
+    async def _open_frontend(self, pool: str, key: str, frontend: Any) -> None:
+        """A channel to one of a replica's engine frontends (engine/frontend.py): a Ray actor
+        call, not a Serve one, the frontend being named. One that fails to open is forgotten
+        until a replica names it again."""
+        import ray
+
+        call = frontend.channel.options(num_returns="streaming").remote(self._ingress_id)
+
+        def cancel() -> None:
+            ray.cancel(call)
+
+        try:
+            stream = _values(call)
+            try:
+                hello = cast(ChannelHello, await asyncio.wait_for(anext(stream), HELLO_TIMEOUT_S))
+            except Exception as e:
+                logger.warning("pool %s: stream channel to a frontend failed: %r", pool, e)
+                self._known[pool].pop(key, None)
+                cancel()
+                return
+            if hello.accepted:
+                logger.debug("pool %s: stream channel to frontend %s open", pool, hello.replica_id)
+                await self._read(pool, hello.replica_id, stream, cancel)
+        finally:
+            self._frontends.discard(key)
+
+    def _start(self, reader: Any) -> None:
+        task = asyncio.get_running_loop().create_task(reader)
+        self._readers.add(task)
+        task.add_done_callback(self._readers.discard)
+
+    async def _read(self, pool: str, replica_id: str, stream: Any, cancel: Any) -> None:
         try:
             async for batch in stream:
                 streams = self._streams
@@ -200,7 +243,7 @@ class IngressChannels:
                     if target is not None:
                         target.deliver(chunk)
         except asyncio.CancelledError:
-            stream.cancel()
+            cancel()
             raise
         except Exception as e:  # the replica is gone: its requests fail on their own calls
             logger.info("pool %s: stream channel to %s closed: %r", pool, replica_id, e)
@@ -210,3 +253,9 @@ class IngressChannels:
     def stop(self) -> None:
         for task in (*self._opening.values(), *self._readers):
             task.cancel()
+
+
+async def _values(call: Any) -> AsyncIterator[Any]:
+    """The values of a Ray streaming call (an ObjectRefGenerator), as they come."""
+    async for ref in call:
+        yield await ref

@@ -1,0 +1,182 @@
+"""Engine frontends: more processes serving one engine's streams, as `vllm serve
+--api-server-count` has.
+
+Every stream costs Python work in the process that serves it, at every engine step: vLLM's
+output processing (detokenization), its OpenAI layer (one SSE event per output) and the stream
+channel. With one process per engine that process's event loop is the limit at high concurrency
+on a GPU (docs/results/streaming.md: the pool replica at 0.91 of a core at concurrency 256 on
+one H100, its streams coalesced to 53 ms between events). With `pool.frontends` = F > 1 the
+replica starts the engine core for F clients (vllm_engine.launch_engine_core), is itself the
+first, and starts F - 1 `EngineFrontend` actors on its node, each one more AsyncLLM client with
+vLLM's OpenAI layer and stream channels of its own.
+
+Requests still reach the replica through Serve (routing, queueing, autoscaling and cancellation
+stay as they are); it serves a request itself or hands it to the frontend with the fewest
+streams. A frontend sends the stream's chunks on its channel to the request's ingress (the
+channel hello of the replica names the frontends; the ingress opens a channel to each) and
+tells the replica only of the first token and the end (receipts), so the replica's per-stream
+work is two messages, whatever the stream's length.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from serve_app.engine.channel import Batch, ChannelHello, Channels, receipt, relay
+from serve_app.engine.coalesce import MessageBudget
+from serve_app.engine.protocol import (
+    EngineDeadError,
+    EngineStats,
+    GenerationRequest,
+    StreamChunk,
+)
+from serve_app.profiles import ResolvedProfile
+
+if TYPE_CHECKING:
+    from serve_app.engine.vllm_engine import ClientSlot
+
+logger = logging.getLogger("ray.serve")
+
+
+class EngineFrontend:
+    """One more client of a replica's engine, in a Ray actor of its own (started by Frontends)."""
+
+    def __init__(self, profile: ResolvedProfile, slot: ClientSlot, replica_id: str) -> None:
+        from serve_app.engine.vllm_engine import VLLMEngine  # vLLM imports only where engines run
+
+        self._engine = VLLMEngine(profile, slot)
+        self._channels = Channels(f"{replica_id}/{slot.index}")
+        ceiling = profile.pool.stream_messages_per_s
+        self._budget = MessageBudget(ceiling) if ceiling is not None else None
+        self._streams = 0
+
+    async def start(self) -> None:
+        await self._engine.start()
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[StreamChunk]:
+        """The request's chunks: on this frontend's channel to its ingress when there is one
+        (yielding receipts of the first token and the end), else yielded."""
+        received = time.time()
+        self._streams += 1
+        channel = self._channels.acquire(request.channel)
+        first = True
+        try:
+            chunks = self._engine.generate(request)
+            async for chunk, carried in relay(
+                chunks, request, channel, received, self._budget, lambda: self._streams
+            ):
+                if not carried:
+                    yield chunk
+                elif (first and chunk.num_tokens) or chunk.finish_reason is not None:
+                    yield receipt(chunk)
+                if chunk.num_tokens:
+                    first = False
+        finally:
+            self._streams -= 1
+            if channel is not None:
+                channel.streams -= 1
+
+    async def channel(self, ingress_id: str) -> AsyncIterator[ChannelHello | Batch]:
+        async for message in self._channels.serve(ingress_id):
+            yield message
+
+    def stats(self) -> EngineStats:
+        """The engine's scheduler state as of the last step whose stats reached this client."""
+        return self._engine.stats()
+
+    def shutdown(self) -> None:
+        self._engine.shutdown()
+
+
+class Frontends:
+    """A replica's engine frontends: started beside it, chosen per request, stopped with it."""
+
+    def __init__(self, handles: list[Any]) -> None:
+        self.handles = tuple(handles)
+        self._streams = [0] * (len(handles) + 1)  # [0]: the replica's own
+        self._stats = EngineStats()  # the freshest a frontend saw
+
+    @classmethod
+    async def start(
+        cls, profile: ResolvedProfile, slots: list[ClientSlot], replica_id: str, node_id: str
+    ) -> Frontends:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 100_000}
+        if node_id:  # the engine core's sockets are IPC paths on this node
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
+        gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if gpus:  # vLLM's client finds its platform as the replica does
+            env = {"CUDA_VISIBLE_DEVICES": gpus, "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}
+            options["runtime_env"] = {"env_vars": env}
+        actor: Any = ray.remote(EngineFrontend)
+        handles = [actor.options(**options).remote(profile, s, replica_id) for s in slots]
+        frontends = cls(handles)
+        try:
+            await asyncio.gather(*(h.start.remote() for h in handles))
+        except BaseException:
+            frontends.stop()
+            raise
+        return frontends
+
+    def pick(self) -> int:
+        """Where the next stream goes: the process serving the fewest (0: the replica)."""
+        streams = self._streams
+        return streams.index(min(streams))
+
+    def own(self, delta: int) -> None:
+        self._streams[0] += delta
+
+    async def forward(self, index: int, request: GenerationRequest) -> AsyncIterator[StreamChunk]:
+        """The request served by frontend `index` (1-based): its chunks or receipts."""
+        import ray
+
+        self._streams[index] += 1
+        stream = self.handles[index - 1].generate.options(num_returns="streaming").remote(request)
+        ended = False
+        try:
+            async for ref in stream:
+                yield await ref
+            ended = True
+        except ray.exceptions.RayActorError as e:  # the frontend's process is gone
+            raise EngineDeadError(f"engine frontend {index} died: {e}"[:300]) from None
+        finally:
+            self._streams[index] -= 1
+            if not ended:  # cancelled (the client left, or the engine died): abort it there
+                with contextlib.suppress(Exception):
+                    ray.cancel(stream)
+
+    async def poll_stats(self, timeout_s: float) -> None:
+        """Ask the frontends for the engine's scheduler state: vLLM sends each step's stats to
+        one of its clients only."""
+        calls = [h.stats.remote() for h in self.handles]
+        done, pending = await asyncio.wait(
+            [asyncio.ensure_future(c) for c in calls], timeout=timeout_s
+        )
+        for call in pending:
+            call.cancel()
+        for call in done:
+            if call.exception() is None:
+                self._stats = freshest(self._stats, call.result())
+
+    def stats(self, own: EngineStats) -> EngineStats:
+        """The freshest of the replica's own view and what the frontends last saw."""
+        return own if not own.healthy else freshest(own, self._stats)
+
+    def stop(self) -> None:
+        import ray
+
+        for handle in self.handles:
+            with contextlib.suppress(Exception):
+                ray.kill(handle)
+
+
+def freshest(a: EngineStats, b: EngineStats) -> EngineStats:
+    return b if b.recorded_at > a.recorded_at else a
