@@ -155,6 +155,9 @@ class PlatformOverride(BaseModel):
 
     model: str | None = Field(None, description="Model to serve on this platform instead.")
     engine: EngineArgs = Field(default_factory=EngineArgs, description="Engine argument overrides.")
+    frontends: int | None = Field(
+        None, ge=1, le=16, description="pool.frontends on this platform instead."
+    )
 
 
 class EngineProfile(BaseModel):
@@ -179,7 +182,9 @@ class EngineProfile(BaseModel):
             name=self.name,
             model=override.model or self.model,
             engine=engine,
-            pool=self.pool,
+            pool=self.pool
+            if override.frontends is None
+            else self.pool.model_copy(update={"frontends": override.frontends}),
             platform=platform,
         )
         check_platform(resolved)

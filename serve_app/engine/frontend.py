@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from serve_app.engine.channel import Batch, ChannelHello, Channels, receipt, relay
 from serve_app.engine.coalesce import MessageBudget
 from serve_app.engine.protocol import (
+    Engine,
     EngineDeadError,
     EngineStats,
     GenerationRequest,
@@ -47,11 +48,20 @@ logger = logging.getLogger("ray.serve")
 class EngineFrontend:
     """One more client of a replica's engine, in a Ray actor of its own (started by Frontends)."""
 
-    def __init__(self, profile: ResolvedProfile, slot: ClientSlot, replica_id: str) -> None:
-        from serve_app.engine.vllm_engine import VLLMEngine  # vLLM imports only where engines run
+    def __init__(
+        self,
+        profile: ResolvedProfile,
+        name: str,
+        slot: ClientSlot | None = None,
+        engine: Engine | None = None,
+    ) -> None:
+        """`name`: `<replica id>/<index>`; the engine is a client at `slot` (or given, in tests)."""
+        if engine is None:
+            from serve_app.engine.vllm_engine import VLLMEngine  # vLLM imports only here
 
-        self._engine = VLLMEngine(profile, slot)
-        self._channels = Channels(f"{replica_id}/{slot.index}")
+            engine = VLLMEngine(profile, slot)
+        self._engine = engine
+        self._channels = Channels(name)
         ceiling = profile.pool.stream_messages_per_s
         self._budget = MessageBudget(ceiling) if ceiling is not None else None
         self._streams = 0
@@ -117,7 +127,9 @@ class Frontends:
             env = {"CUDA_VISIBLE_DEVICES": gpus, "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}
             options["runtime_env"] = {"env_vars": env}
         actor: Any = ray.remote(EngineFrontend)
-        handles = [actor.options(**options).remote(profile, s, replica_id) for s in slots]
+        handles = [
+            actor.options(**options).remote(profile, f"{replica_id}/{s.index}", s) for s in slots
+        ]
         frontends = cls(handles)
         try:
             await asyncio.gather(*(h.start.remote() for h in handles))
@@ -149,8 +161,8 @@ class Frontends:
             raise EngineDeadError(f"engine frontend {index} died: {e}"[:300]) from None
         finally:
             self._streams[index] -= 1
-            if not ended:  # cancelled (the client left, or the engine died): abort it there
-                with contextlib.suppress(Exception):
+            if not ended and ray.is_initialized():  # cancelled (the client left, or the
+                with contextlib.suppress(Exception):  # engine died): abort it there
                     ray.cancel(stream)
 
     async def poll_stats(self, timeout_s: float) -> None:
@@ -173,6 +185,8 @@ class Frontends:
     def stop(self) -> None:
         import ray
 
+        if not ray.is_initialized():  # (unit tests: handles in this process)
+            return
         for handle in self.handles:
             with contextlib.suppress(Exception):
                 ray.kill(handle)

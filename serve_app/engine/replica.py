@@ -101,7 +101,7 @@ class EngineReplica:
             )
             self._channels.frontends = self._frontends.handles
         logger.info(
-            "pool %s: engine ready in %.1f s (model %s, %d frontends)",
+            "pool %s: engine ready in %.1f s (model %s, %d processes serving it)",
             profile.name,
             time.monotonic() - started,
             profile.model,

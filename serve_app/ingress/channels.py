@@ -151,7 +151,8 @@ class IngressChannels:
         return self._ingress_id
 
     def open_to(self, pool: str) -> frozenset[str]:
-        """The replicas of `pool` this ingress has a channel to."""
+        """The replicas of `pool` this ingress has a channel to, and their engine frontends
+        (`<replica id>/<index>`)."""
         return frozenset(self._open.get(pool, ()))
 
     def want(self, pool: str, replica_ids: Iterable[str]) -> None:
@@ -212,7 +213,8 @@ class IngressChannels:
         call = frontend.channel.options(num_returns="streaming").remote(self._ingress_id)
 
         def cancel() -> None:
-            ray.cancel(call)
+            if ray.is_initialized():
+                ray.cancel(call)
 
         try:
             stream = _values(call)
@@ -225,6 +227,7 @@ class IngressChannels:
                 return
             if hello.accepted:
                 logger.debug("pool %s: stream channel to frontend %s open", pool, hello.replica_id)
+                self._open[pool].add(hello.replica_id)
                 await self._read(pool, hello.replica_id, stream, cancel)
         finally:
             self._frontends.discard(key)

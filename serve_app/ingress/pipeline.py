@@ -428,6 +428,8 @@ class RequestPipeline:
                         "gpu_ids": list(p.gpu_ids),
                         # this ingress's stream channel to it is open (engine/channel.py)
                         "stream_channel": rid in channels,
+                        # ... and to its engine frontends (engine/frontend.py)
+                        "frontend_channels": sum(c.startswith(f"{rid}/") for c in channels),
                     }
                     for rid, p in snap.placements
                 ],

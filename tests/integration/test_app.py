@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 from serve_app.timing import Stage, parse_server_timing, parse_stream_timing
@@ -179,6 +181,70 @@ def test_concurrent_streams_share_the_ingress_channel_each_whole(app_server: App
     assert texts == whole
     assert len(set(texts)) > 1  # different seeds: the streams did not get each other's text
     assert seen == set(pools), seen  # each pool's streams had a channel to go on
+
+
+def _frontend_cpu_s() -> dict[int, float]:
+    """CPU seconds used so far by each engine frontend process of this test session's Ray."""
+    out: dict[int, float] = {}
+    for p in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "EngineFrontend" in " ".join(p.cmdline()):
+                t = p.cpu_times()
+                out[p.pid] = t.user + t.system
+    return out
+
+
+def test_an_engines_streams_spread_over_its_frontends_each_whole(app_server: AppServer) -> None:
+    """The throughput pool runs 2 processes per engine on CPU (pool.frontends): the replica and
+    an engine frontend, which serves its share of the streams and sends their chunks on its own
+    channel to the ingress. Each stream is whole and is the answer its request gets unstreamed."""
+    pinned = {"x-route-policy": "single:throughput"}
+    base = {"model": MODEL, "prompt": "Far away", "max_tokens": 48, "ignore_eos": True}
+    requests = [{**base, "temperature": 0.8, "seed": seed} for seed in range(8)]
+    before = _frontend_cpu_s()
+    assert before, "no engine frontend process"
+
+    async def streamed(c: httpx.AsyncClient, body: dict[str, Any]) -> tuple[str, int]:
+        text, events = "", 0
+        async with c.stream("POST", "/v1/completions", json=body, headers=pinned) as r:
+            assert r.status_code == 200
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    text += json.loads(line[6:])["choices"][0]["text"]
+                    events += 1
+        return text, events
+
+    async def frontend_channels(c: httpx.AsyncClient, done: asyncio.Event) -> int:
+        most = 0
+        while not done.is_set():
+            placement = (await c.get("/pools")).json()["throughput"]["placement"]
+            most = max(most, *(p["frontend_channels"] for p in placement))
+            await asyncio.sleep(0.05)
+        return most
+
+    async def run() -> tuple[list[str], list[tuple[str, int]], int]:
+        async with httpx.AsyncClient(base_url=app_server.url, timeout=120) as c:
+            whole = [
+                (await c.post("/v1/completions", json=r, headers=pinned)).json() for r in requests
+            ]
+            done = asyncio.Event()
+            watch = asyncio.create_task(frontend_channels(c, done))
+            results = []
+            for _ in range(3):  # the frontend's channel opens with the first dispatches
+                bodies = [{**r, "stream": True} for r in requests]
+                results = await asyncio.gather(*(streamed(c, b) for b in bodies))
+            done.set()
+            most = await watch
+        return [w["choices"][0]["text"] for w in whole], list(results), most
+
+    whole, results, most = asyncio.run(run())
+    assert [text for text, _ in results] == whole
+    assert len(set(whole)) > 1
+    assert all(events >= 1 for _, events in results)
+    assert most >= 1  # the ingress had a channel to the frontend
+    after = _frontend_cpu_s()
+    # the frontend served streams: an idle one uses next to no CPU
+    assert max(after.get(pid, 0.0) - t for pid, t in before.items()) > 0.1, (before, after)
 
 
 def test_every_response_says_where_its_first_token_went(app_server: AppServer) -> None:
