@@ -111,6 +111,7 @@ class Frontends:
         self.handles = tuple(handles)
         self._streams = [0] * (len(handles) + 1)  # [0]: the replica's own
         self._stats = EngineStats()  # the freshest a frontend saw
+        self.dead: str | None = None  # why, once a frontend's process is gone
 
     @classmethod
     async def start(
@@ -166,17 +167,22 @@ class Frontends:
                     ray.cancel(stream)
 
     async def poll_stats(self, timeout_s: float) -> None:
-        """Ask the frontends for the engine's scheduler state: vLLM sends each step's stats to
-        one of its clients only."""
-        calls = [h.stats.remote() for h in self.handles]
-        done, pending = await asyncio.wait(
-            [asyncio.ensure_future(c) for c in calls], timeout=timeout_s
-        )
+        """Ask the frontends for the engine's scheduler state (vLLM sends each step's stats to
+        one of its clients only); note a frontend whose process is gone."""
+        from ray.exceptions import RayActorError
+
+        calls = [asyncio.ensure_future(h.stats.remote()) for h in self.handles]
+        done, pending = await asyncio.wait(calls, timeout=timeout_s)
         for call in pending:
             call.cancel()
-        for call in done:
-            if call.exception() is None:
+        for index, call in enumerate(calls, start=1):
+            if call not in done:
+                continue
+            error = call.exception()
+            if error is None:
                 self._stats = freshest(self._stats, call.result())
+            elif isinstance(error, RayActorError) and self.dead is None:
+                self.dead = f"engine frontend {index} died: {error}"[:300]
 
     def stats(self, own: EngineStats) -> EngineStats:
         """The freshest of the replica's own view and what the frontends last saw."""

@@ -195,6 +195,8 @@ class EngineReplica:
         }
 
     async def check_health(self) -> None:
+        if self._dead is not None:  # the engine, or one of its frontends
+            raise EngineDeadError(self._dead)
         try:
             await self._engine.check_health()
         except EngineDeadError as e:
@@ -244,6 +246,8 @@ class EngineReplica:
         while True:
             if self._frontends is not None:
                 await self._frontends.poll_stats(STATS_PERIOD_S)
+                if self._frontends.dead is not None:
+                    self._engine_died(self._frontends.dead)
             report = self.report()
             if not report.stats.healthy:
                 self._engine_died("the engine is not running")

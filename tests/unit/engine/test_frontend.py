@@ -10,7 +10,7 @@ from typing import Any
 from serve_app.engine.channel import Channel, relay
 from serve_app.engine.fake import FakeEngine
 from serve_app.engine.frontend import EngineFrontend, Frontends
-from serve_app.engine.protocol import EngineStats, GenerationRequest, StreamChunk
+from serve_app.engine.protocol import EngineDeadError, EngineStats, GenerationRequest, StreamChunk
 from serve_app.engine.replica import EngineReplica
 from serve_app.ingress.channels import ChannelStream, IngressChannels
 from serve_app.local import LocalHandle
@@ -176,3 +176,39 @@ def test_a_platform_sets_its_own_frontend_count() -> None:
     )
     assert profile.resolve(Platform.CPU).pool.frontends == 1
     assert profile.resolve(Platform.CUDA).pool.frontends == 4
+
+
+class _GoneActor:
+    """A frontend whose process is gone: every call fails as Ray fails it."""
+
+    class _Stats:
+        def remote(self) -> Any:
+            from ray.exceptions import RayActorError
+
+            future = asyncio.get_running_loop().create_future()
+            future.set_exception(RayActorError())
+            return future
+
+    stats = _Stats()
+
+
+async def test_a_frontend_gone_fails_its_replicas_health_and_requests() -> None:
+    replica = EngineReplica.__new__(EngineReplica)
+    await replica.__init__(PROFILE, None, FakeEngine)  # type: ignore[misc]
+    replica._frontends = Frontends([_GoneActor()])
+    await replica.check_health()
+    for _ in range(100):  # the replica polls its frontends 4 times a second
+        if replica._dead is not None:
+            break
+        await asyncio.sleep(0.05)
+    try:
+        await replica.check_health()
+        raise AssertionError("healthy with a frontend gone")
+    except EngineDeadError as e:
+        assert "engine frontend 1 died" in str(e)
+    try:
+        await anext(replica.generate(GenerationRequest("r", [1], 2)))
+        raise AssertionError("served with a frontend gone")
+    except EngineDeadError:
+        pass
+    replica._reporter.cancel()
