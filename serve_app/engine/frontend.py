@@ -33,6 +33,7 @@ from serve_app.engine.coalesce import MessageBudget
 from serve_app.engine.protocol import (
     Engine,
     EngineDeadError,
+    EngineRequestError,
     EngineStats,
     GenerationRequest,
     StreamChunk,
@@ -160,6 +161,13 @@ class Frontends:
             ended = True
         except ray.exceptions.RayActorError as e:  # the frontend's process is gone
             raise EngineDeadError(f"engine frontend {index} died: {e}"[:300]) from None
+        except ray.exceptions.RayTaskError as e:
+            # Ray's error is also of its cause's class, made on the fly; the caller gets the
+            # cause itself (it travels on to the ingress as the replica's own would)
+            cause = e.cause
+            if isinstance(cause, EngineDeadError | EngineRequestError):
+                raise type(cause)(str(cause)) from None
+            raise
         finally:
             self._streams[index] -= 1
             if not ended and ray.is_initialized():  # cancelled (the client left, or the

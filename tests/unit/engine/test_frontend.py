@@ -10,7 +10,13 @@ from typing import Any
 from serve_app.engine.channel import Channel, relay
 from serve_app.engine.fake import FakeEngine
 from serve_app.engine.frontend import EngineFrontend, Frontends
-from serve_app.engine.protocol import EngineDeadError, EngineStats, GenerationRequest, StreamChunk
+from serve_app.engine.protocol import (
+    EngineDeadError,
+    EngineRequestError,
+    EngineStats,
+    GenerationRequest,
+    StreamChunk,
+)
 from serve_app.engine.replica import EngineReplica
 from serve_app.ingress.channels import ChannelStream, IngressChannels
 from serve_app.local import LocalHandle
@@ -212,3 +218,27 @@ async def test_a_frontend_gone_fails_its_replicas_health_and_requests() -> None:
     except EngineDeadError:
         pass
     replica._reporter.cancel()
+
+
+class _FailingActor:
+    """A frontend whose stream fails as Ray reports it: an error of the cause's class too."""
+
+    def __init__(self, cause: Exception) -> None:
+        self._cause = cause
+        self.generate = _Call(self._generate)
+
+    async def _generate(self, request: GenerationRequest) -> AsyncIterator[StreamChunk]:
+        from ray.exceptions import RayTaskError
+
+        raise RayTaskError("generate", "traceback", self._cause).as_instanceof_cause()
+        yield  # an async generator
+
+
+async def test_a_frontends_error_reaches_the_replica_as_its_own_class() -> None:
+    for cause in (EngineDeadError("engine gone"), EngineRequestError("bad parameter")):
+        frontends = Frontends([_FailingActor(cause)])
+        try:
+            await anext(frontends.forward(1, GenerationRequest("r", [1], 2)))
+            raise AssertionError("no error")
+        except Exception as e:
+            assert type(e) is type(cause) and str(e) == str(cause), repr(e)
