@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The app against `vllm serve` on H200s, 256 output tokens, prompts 33-297 tokens:
 # `vllm serve` with 1, 2, 4 and 8 API servers (--api-server-count) and the app (`serve-app run`,
-# its default HTTP path), same engine arguments (profile h200-stream-shared), `vllm bench serve`
+# its default HTTP path and, as the shipped GPU profiles, 4 processes per engine: profile
+# h200-stream-frontends4; PROFILE=h200-stream-shared for one), same engine arguments, `vllm bench serve`
 # against each in turn at concurrency 64, 256 and 1, 3 repeats, each run >= 20 s and >= 4 x
 # concurrency requests.
 #
@@ -24,7 +25,7 @@ APP_GPU=$(( GPUS > 1 ? 1 : 0 ))
 { nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv
   python3 -c "import vllm, torch, ray; print('vllm', vllm.__version__, 'torch', torch.__version__, 'ray', ray.__version__)"
   echo "cores: $(nproc)"; echo "app on GPU $APP_GPU"; } > "$OUT/device.txt" 2>&1
-python3 -m serve_app.bench.streaming --profile "${PROFILE:-h200-stream-shared}" \
+python3 -m serve_app.bench.streaming --profile "${PROFILE:-h200-stream-frontends4}" \
   --concurrency "${CONC:-64,256,1}" --repeats "${REPEATS:-3}" --min-cell-s 20 \
   --output-len 256 --vllm-api-servers "${API_SERVERS:-1,2,4,8}" \
   --requests-per-run "${REQUESTS:-64=960,256=2300,1=45}" \
