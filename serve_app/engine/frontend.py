@@ -110,7 +110,7 @@ class Frontends:
 
     def __init__(self, handles: list[Any]) -> None:
         self.handles = tuple(handles)
-        self._streams = [0] * (len(handles) + 1)  # [0]: the replica's own
+        self._streams = [0] * len(handles)  # forwarded to each, in flight
         self._stats = EngineStats()  # the freshest a frontend saw
         self.dead: str | None = None  # why, once a frontend's process is gone
 
@@ -140,19 +140,17 @@ class Frontends:
             raise
         return frontends
 
-    def pick(self) -> int:
-        """Where the next stream goes: the process serving the fewest (0: the replica)."""
-        streams = self._streams
+    def pick(self, others: int) -> int:
+        """Where the next stream goes: the process serving the fewest (0: the replica; ties go
+        to it). `others`: the replica's streams in flight besides this one, forwarded included."""
+        streams = [others - sum(self._streams), *self._streams]
         return streams.index(min(streams))
-
-    def own(self, delta: int) -> None:
-        self._streams[0] += delta
 
     async def forward(self, index: int, request: GenerationRequest) -> AsyncIterator[StreamChunk]:
         """The request served by frontend `index` (1-based): its chunks or receipts."""
         import ray
 
-        self._streams[index] += 1
+        self._streams[index - 1] += 1
         stream = self.handles[index - 1].generate.options(num_returns="streaming").remote(request)
         ended = False
         try:
@@ -169,7 +167,7 @@ class Frontends:
                 raise type(cause)(str(cause)) from None
             raise
         finally:
-            self._streams[index] -= 1
+            self._streams[index - 1] -= 1
             if not ended and ray.is_initialized():  # cancelled (the client left, or the
                 with contextlib.suppress(Exception):  # engine died): abort it there
                     ray.cancel(stream)

@@ -133,7 +133,7 @@ class EngineReplica:
         self._arrivals.add()
         self._prefill.queued(prompt_tokens)
         channel = self._channels.acquire(request.channel)
-        served_by = self._frontends.pick() if self._frontends is not None else 0
+        served_by = self._frontends.pick(self._streams - 1) if self._frontends is not None else 0
         if served_by:
             assert self._frontends is not None
             chunks = self._frontends.forward(served_by, request)
@@ -141,8 +141,6 @@ class EngineReplica:
         else:
             chunks = self._engine.generate(request)
             budget = self._budget
-            if self._frontends is not None:
-                self._frontends.own(1)
         try:
             async for chunk, carried in relay(
                 chunks, request, channel, received, budget, lambda: self._streams
@@ -166,8 +164,6 @@ class EngineReplica:
         finally:
             self._inflight.discard(task)  # type: ignore[arg-type]
             self._streams -= 1
-            if self._frontends is not None and not served_by:
-                self._frontends.own(-1)
             if channel is not None:
                 channel.streams -= 1
             if first_at is None:

@@ -235,19 +235,19 @@ class VLLMEngine(Engine):
         clients = self._profile.pool.frontends
         if self._slot is not None:  # a client of an engine core started by a replica
             self._llm = self._client(self._slot, factory)
-        elif clients > 1:
-            self._watchdog = Watchdog()  # as below
-            self._core, slots = launch_engine_core(engine_args_for(self._profile), clients)
-            self._llm = self._client(slots[0], factory)
-            self.slots = slots[1:]
         else:
             # Before the engine's processes exist, so that they end with this process whenever
             # it ends, even while the engine is still loading. (In a Ray actor vLLM spawns
             # them, so they do not inherit the watchdog's pipe.)
             self._watchdog = Watchdog()
-            self._llm = AsyncLLM.from_engine_args(
-                engine_args_for(self._profile), stat_loggers=[factory]
-            )
+            if clients > 1:
+                self._core, slots = launch_engine_core(engine_args_for(self._profile), clients)
+                self._llm = self._client(slots[0], factory)
+                self.slots = slots[1:]
+            else:
+                self._llm = AsyncLLM.from_engine_args(
+                    engine_args_for(self._profile), stat_loggers=[factory]
+                )
         self._api = await OpenAILayer.start(self._llm, self._profile)
         niceness = int(os.environ.get(CPU_ENGINE_NICENESS_ENV, "0"))
         if self._profile.platform is Platform.CPU and niceness > 0 and self._slot is None:

@@ -159,10 +159,10 @@ async def test_the_replica_ends_no_stream_a_frontend_carries() -> None:
 
 def test_the_least_busy_process_serves_and_the_freshest_stats_win() -> None:
     frontends = Frontends(["a", "b"])
-    frontends._streams = [2, 1, 1]
-    assert frontends.pick() == 1
-    frontends._streams = [0, 1, 1]
-    assert frontends.pick() == 0
+    frontends._streams = [1, 1]
+    assert frontends.pick(4) == 1  # the replica serves 2 of its 4 itself
+    assert frontends.pick(2) == 0  # none itself
+    assert frontends.pick(3) == 0  # as many as each frontend: ties go to the replica
     stale, fresh = EngineStats(running=1, recorded_at=1.0), EngineStats(running=9, recorded_at=2.0)
     frontends._stats = fresh
     assert frontends.stats(stale) == fresh
