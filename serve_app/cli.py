@@ -26,6 +26,7 @@ import yaml
 
 from serve_app import haproxy_loopback
 from serve_app.chat import launch as chat
+from serve_app.engine.priority import cpu_engine_niceness
 from serve_app.engine.watchdog import stop
 from serve_app.proxy_hooks import CALLBACK_ENV, CALLBACK_PATH
 
@@ -45,7 +46,8 @@ SINGLE_NODE_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 # Ray starts its worker processes (the replicas, and the engines they start) at nice 15;
 # RAY_worker_niceness=0 in the environment runs them at the default priority. Not the default
 # here: on two cores it gained at concurrency 64 only (docs/results/streaming.md), and the
-# refusal-driven scale-up test then no longer scaled within 180 s.
+# refusal-driven scale-up test then no longer scaled within 180 s. On CPU the engines' own
+# processes are set to nice 0 instead (SERVE_APP_CPU_ENGINE_NICENESS; engine/priority.py).
 SERVE_ENV = {
     "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
     "RAY_SERVE_USE_GRPC_BY_DEFAULT": "1",
@@ -314,6 +316,10 @@ def main(argv: list[str] | None = None) -> int:
     chat.add_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "run":
+        try:  # a bad value fails here, not in every replica that starts an engine
+            cpu_engine_niceness()
+        except ValueError as e:
+            parser.error(str(e))
         return _run(args)
     if args.command == "chat":
         return chat.run(args)

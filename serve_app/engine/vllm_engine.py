@@ -15,7 +15,6 @@ import asyncio
 import contextvars
 import inspect
 import logging
-import os
 import time
 from argparse import Namespace
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -64,6 +63,7 @@ except ImportError:  # vLLM 0.26
     _REQUEST_ERRORS = (ValueError, TypeError, OverflowError, NotImplementedError, VLLMNotFoundError)
 
 from serve_app.engine.builtin_model import resolve_model
+from serve_app.engine.priority import cpu_engine_niceness, set_engine_niceness
 from serve_app.engine.protocol import (
     ApiCall,
     ApiKind,
@@ -123,23 +123,8 @@ def engine_args_for(profile: ResolvedProfile) -> AsyncEngineArgs:
     )
 
 
-# On a CPU host the engine processes compete with the serving path (HTTP proxy, ingress, Ray)
-# for the same cores. The engine is throughput work; the serving path is latency work (a refusal
-# must leave in milliseconds), so the engine may run at a lower scheduling priority than Ray's
-# workers (15). $SERVE_APP_CPU_ENGINE_NICENESS sets it; 0 leaves the engine at Ray's priority.
-CPU_ENGINE_NICENESS_ENV = "SERVE_APP_CPU_ENGINE_NICENESS"
 DEAD_SEEN_WITHIN_S = 1.0  # after a request's engine stream failed (OpenAILayer._engine_dead)
 DEAD_POLL_S = 0.01
-
-
-def _lower_priority_of_children(niceness: int) -> None:
-    import psutil
-
-    for child in psutil.Process().children(recursive=True):
-        try:
-            child.nice(max(child.nice(), niceness))
-        except psutil.Error:  # gone already, or not ours to change
-            logger.warning("could not lower the priority of engine process %s", child.pid)
 
 
 def engine_stages(out: Any, started: float, now: float) -> dict[str, float] | None:
@@ -249,9 +234,8 @@ class VLLMEngine(Engine):
                     engine_args_for(self._profile), stat_loggers=[factory]
                 )
         self._api = await OpenAILayer.start(self._llm, self._profile)
-        niceness = int(os.environ.get(CPU_ENGINE_NICENESS_ENV, "0"))
-        if self._profile.platform is Platform.CPU and niceness > 0 and self._slot is None:
-            _lower_priority_of_children(niceness)
+        if self._profile.platform is Platform.CPU and self._slot is None:
+            set_engine_niceness(cpu_engine_niceness())
 
     @staticmethod
     def _client(slot: ClientSlot, factory: Any) -> AsyncLLM:

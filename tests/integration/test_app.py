@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 from typing import Any
 
 import httpx
@@ -245,6 +246,23 @@ def test_an_engines_streams_spread_over_its_frontends_each_whole(app_server: App
     after = _frontend_cpu_s()
     # the frontend served streams: an idle one uses next to no CPU
     assert max(after.get(pid, 0.0) - t for pid, t in before.items()) > 0.1, (before, after)
+
+
+def test_on_cpu_the_engines_run_above_the_serving_path(app_server: AppServer) -> None:
+    """Ray starts the replicas at nice 15; the engine processes each replica started (vLLM's
+    engine core and worker, every thread) run at nice 0, as `vllm serve`'s do."""
+    engines: dict[int, list[int]] = {}
+    replicas: dict[int, int] = {}
+    for p in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            title = " ".join(p.cmdline())
+            if title.startswith("VLLM::"):
+                engines[p.pid] = [os.getpriority(os.PRIO_PROCESS, t.id) for t in p.threads()]
+            elif "ServeReplica:llm:pool-" in title:
+                replicas[p.pid] = p.nice()
+    assert len(engines) >= 4, engines  # an engine core and a worker per pool
+    assert all(n == [0] * len(n) for n in engines.values()), engines
+    assert set(replicas.values()) == {15}, replicas
 
 
 def test_every_response_says_where_its_first_token_went(app_server: AppServer) -> None:
