@@ -18,7 +18,14 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, MutableMapping
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Mapping,
+    MutableMapping,
+)
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple, Protocol, cast
 
@@ -26,6 +33,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.requests import Request
+from starlette.types import Receive, Scope, Send
 
 from serve_app.config import IngressConfig
 from serve_app.constants import READY_RETRY_AFTER_S, STATS_PERIOD_S
@@ -36,7 +44,7 @@ from serve_app.engine.protocol import (
     GenerationRequest,
     StreamChunk,
 )
-from serve_app.ingress.channels import IngressChannels
+from serve_app.ingress.channels import CallCancelled, IngressChannels
 from serve_app.ingress.errors import (
     BadRequest,
     EngineFailure,
@@ -110,6 +118,28 @@ class RouteHeaders(NamedTuple):
     slo: SLO
     policy: Policy
     policy_arg: str | None
+
+
+# nginx's status for a request whose client left before the answer; nobody reads it
+CLIENT_CLOSED_REQUEST = 499
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """A StreamingResponse that closes its body iterator however the response ends.
+
+    Starlette's leaves the iterator suspended when the client goes away (the send fails, or the
+    sending task is cancelled) for the garbage collector to close, and the engine request under
+    it generates on until then: at once when nothing else refers to it, but only at the next
+    collection when a reference cycle (a frame, a traceback) holds it, which an ingress gone
+    idle may not run for minutes."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            close = getattr(self.body_iterator, "aclose", None)
+            if close is not None:
+                await close()
 
 
 @dataclass(slots=True)
@@ -697,7 +727,7 @@ class RequestPipeline:
             own = self._pools[routed.pool].generate.remote(gen)
             routed.watch_assignment(own)
             stream = self._channels.stream(routed.request_id, own, carried)
-            chunks = self._track(routed, stream)
+            chunks = self._track(routed, stream, request.is_disconnected)
             try:
                 # Wait for the first chunk before answering, so that a refusal by the engine
                 # still gets its own status code rather than a 200 with an error event.
@@ -735,11 +765,17 @@ class RequestPipeline:
             return Response(first.data, status_code=first.status, media_type=JSON, headers=headers)
         if call.request.stream:
             events = self._sse(routed, first, chunks)
-            return StreamingResponse(events, media_type="text/event-stream", headers=routed.headers)
+            return ClosingStreamingResponse(
+                events, media_type="text/event-stream", headers=routed.headers
+            )
         last = first
         try:
             while last.data is None:  # the first token is out; the body comes at the end
                 last = await anext(chunks)
+        except StopAsyncIteration:  # ended without its body
+            if await request.is_disconnected():  # the client left (_track counted it)
+                return Response(status_code=CLIENT_CLOSED_REQUEST)
+            raise EngineFailure("the engine ended the request without its answer") from None
         except ServeError:
             raise
         except Exception as e:  # the engine or its replica died mid-generation: 503, not 500
@@ -756,9 +792,17 @@ class RequestPipeline:
         return Response(body, media_type=JSON, headers=routed.headers)
 
     async def _track(
-        self, routed: Routed, stream: ChunkStream
+        self,
+        routed: Routed,
+        stream: ChunkStream,
+        client_gone: Callable[[], Awaitable[bool]] | None = None,
     ) -> AsyncGenerator[StreamChunk, None]:
-        """The pool's chunks, with local load accounting and latency learning around them."""
+        """The pool's chunks, with local load accounting and latency learning around them.
+
+        When the client goes away Serve cancels the request's call to the replica as well, and
+        that cancellation can reach the stream before the client's does: a call cancelled on
+        the replica's side while `client_gone()` says so ends the stream as a disconnect, not
+        as a failure."""
         first_at: float | None = None
         last: StreamChunk | None = None
         failed = False  # the stream raised: whoever answers the client counts the outcome
@@ -803,6 +847,10 @@ class RequestPipeline:
                     routed.decoding.advance(chunk.completion_tokens, time.time())
                 last = chunk
                 yield chunk
+        except CallCancelled:
+            if client_gone is None or not await client_gone():
+                failed = True
+                raise
         except Exception:
             failed = True
             raise

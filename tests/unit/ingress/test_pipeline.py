@@ -2,15 +2,24 @@
 its running requests."""
 
 import asyncio
+import contextlib
+import gc
+import time
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
+from starlette.types import Message
 
 from serve_app.app import ingress_config, resolve_profiles
 from serve_app.config import AppArgs
 from serve_app.engine.fake import FakeRenderer
-from serve_app.ingress.pipeline import RequestPipeline
+from serve_app.engine.protocol import StreamChunk
+from serve_app.ingress.channels import CallCancelled
+from serve_app.ingress.metrics import Outcome
+from serve_app.ingress.pipeline import ClosingStreamingResponse, RequestPipeline, Routed
 from serve_app.profiles import Platform
 from serve_app.routing.config import Policy
 from serve_app.routing.estimator import Load, Prediction
@@ -100,3 +109,104 @@ async def test_predicted_ttft_counts_its_hold() -> None:
     assert routed.predicted_ttft_ms == pytest.approx(held_ms + GO.predicted.ttft_ms)
     header = float(routed.headers["x-route-predicted-ttft-ms"])
     assert header == pytest.approx(held_ms + GO.predicted.ttft_ms, abs=0.05)
+
+
+@pytest.mark.parametrize("spec_version", ["2.4", "2.3"])
+async def test_a_stream_the_client_left_is_closed_with_its_response(spec_version: str) -> None:
+    """The client goes away after 2 events (2.4: the send fails; before it: the server reports
+    the disconnect): the events' generator is closed by the time the response returns, though a
+    reference cycle holds it and the garbage collector does not run."""
+    closed = asyncio.Event()
+
+    async def events() -> AsyncIterator[bytes]:
+        try:
+            for _ in range(1000):
+                yield b"data: {}\n\n"
+                await asyncio.sleep(0.005)
+        finally:
+            closed.set()
+
+    sent = 0
+    gone = asyncio.Event()
+
+    async def send(message: Message) -> None:
+        nonlocal sent
+        if message["type"] == "http.response.body":
+            sent += 1
+            if sent > 2:
+                gone.set()
+                if spec_version == "2.4":
+                    raise OSError("connection reset")
+
+    async def receive() -> Message:
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    body = events()
+    cycle: list[Any] = [body]
+    cycle.append(cycle)
+    gc.disable()
+    try:
+        response = ClosingStreamingResponse(body)
+        with contextlib.suppress(ClientDisconnect):
+            await response({"type": "http", "asgi": {"spec_version": spec_version}}, receive, send)
+        assert closed.is_set()
+    finally:
+        gc.enable()
+
+
+class CancelledAfterOne:
+    """A replica's stream: one chunk, then its call cancelled on the replica's side."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def __aiter__(self) -> AsyncIterator[StreamChunk]:
+        return self._chunks()
+
+    async def _chunks(self) -> AsyncIterator[StreamChunk]:
+        yield StreamChunk(text="a", num_tokens=1, completion_tokens=1, prompt_tokens=10)
+        raise CallCancelled("cmpl-1")
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+@pytest.mark.parametrize("client_left", [True, False])
+async def test_a_call_cancelled_as_its_client_left_counts_as_a_disconnect(
+    client_left: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Serve cancels the replica's side of a request whose client left, and that can reach the
+    stream first: then the stream ends as a disconnect. Cancelled with the client still there,
+    it fails, and whoever answers the client counts the outcome."""
+    p = pipeline()
+    outcomes: list[Outcome] = []
+    monkeypatch.setattr(p.metrics, "request", lambda pool, cls, outcome: outcomes.append(outcome))
+    stream = CancelledAfterOne()
+
+    async def client_gone() -> bool:
+        return client_left
+
+    routed = Routed(
+        request_id="cmpl-1",
+        pool="low-latency",
+        reason="slo",
+        slo=SLO("batch"),
+        load=Load(0, 0, 0),
+        prompt_tokens=10,
+        started=time.perf_counter(),
+        predicted_ttft_ms=20.0,
+        tokenized=time.perf_counter(),
+        decided=time.perf_counter(),
+    )
+    got: list[StreamChunk] = []
+    if client_left:
+        got = [chunk async for chunk in p._track(routed, stream, client_gone)]
+        assert outcomes == [Outcome.DISCONNECTED]
+    else:
+        with pytest.raises(CallCancelled):
+            async for chunk in p._track(routed, stream, client_gone):
+                got.append(chunk)
+        assert outcomes == []
+    assert len(got) == 1
+    assert stream.cancelled  # the replica's side is told to stop either way
