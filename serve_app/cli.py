@@ -46,8 +46,8 @@ SINGLE_NODE_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 # Ray starts its worker processes (the replicas, and the engines they start) at nice 15;
 # RAY_worker_niceness=0 in the environment runs them at the default priority. Not the default
 # here: on two cores it gained at concurrency 64 only (docs/results/streaming.md), and the
-# refusal-driven scale-up test then no longer scaled within 180 s. On CPU the engines' own
-# processes are set to nice 0 instead (SERVE_APP_CPU_ENGINE_NICENESS; engine/priority.py).
+# refusal-driven scale-up test then no longer scaled within 180 s. SERVE_APP_CPU_ENGINE_NICENESS
+# sets the CPU engines' own processes' niceness alone (engine/priority.py).
 SERVE_ENV = {
     "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
     "RAY_SERVE_USE_GRPC_BY_DEFAULT": "1",

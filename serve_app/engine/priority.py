@@ -2,10 +2,14 @@
 
 Ray starts its workers, the app's replicas among them, at nice 15 (`RAY_worker_niceness`), and
 the engine processes a replica starts inherit it. On a CPU host that puts the engine below
-everything else there: Ray's own processes, HAProxy, any client on the same machine. `vllm
-serve`'s engine runs at the priority of whoever started it. So on CPU the app sets its engines'
-processes to one niceness, by default 0 (`SERVE_APP_CPU_ENGINE_NICENESS`), leaving the replicas
-at 15: the engine's steps get a core before the serving path's per-token work does.
+everything else there: Ray's own processes, HAProxy, any client on the same machine; `vllm
+serve`'s engine runs at the priority of whoever started it. `SERVE_APP_CPU_ENGINE_NICENESS`
+sets the niceness of a CPU engine's processes instead: 0 gives the engine's steps a core before
+the serving path's per-token work (on two cores, one engine: 0.91-0.93 of `vllm serve`'s
+throughput at concurrency 4 against 0.80-0.86, docs/results/streaming.md); 19 puts it below
+the serving path. Unset, the engine keeps the replica's niceness: with two engines on two cores
+at 0, a burst of 100 streams starved the replicas (at 15) of the CPU until their reports went
+stale and requests were refused as if no replica were up.
 
 Linux keeps a niceness per thread, and a thread starts with its creator's, so every thread the
 engine processes have now is set, and the threads they start later follow their main thread.
@@ -20,14 +24,13 @@ import psutil
 logger = logging.getLogger(__name__)
 
 CPU_ENGINE_NICENESS_ENV = "SERVE_APP_CPU_ENGINE_NICENESS"
-DEFAULT_CPU_ENGINE_NICENESS = 0
 
 
-def cpu_engine_niceness() -> int:
-    """The niceness an engine's processes run at on a CPU host."""
+def cpu_engine_niceness() -> int | None:
+    """The niceness an engine's processes run at on a CPU host; None: the replica's own."""
     raw = os.environ.get(CPU_ENGINE_NICENESS_ENV, "")
     if not raw:
-        return DEFAULT_CPU_ENGINE_NICENESS
+        return None
     try:
         value = int(raw)
     except ValueError:

@@ -234,8 +234,9 @@ class VLLMEngine(Engine):
                     engine_args_for(self._profile), stat_loggers=[factory]
                 )
         self._api = await OpenAILayer.start(self._llm, self._profile)
-        if self._profile.platform is Platform.CPU and self._slot is None:
-            set_engine_niceness(cpu_engine_niceness())
+        niceness = cpu_engine_niceness()
+        if self._profile.platform is Platform.CPU and niceness is not None and self._slot is None:
+            set_engine_niceness(niceness)
 
     @staticmethod
     def _client(slot: ClientSlot, factory: Any) -> AsyncLLM:

@@ -61,6 +61,8 @@ def test_a_process_gone_meanwhile_is_skipped() -> None:
 
 def test_the_engines_niceness_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(CPU_ENGINE_NICENESS_ENV, raising=False)
+    assert cpu_engine_niceness() is None  # the replica's own
+    monkeypatch.setenv(CPU_ENGINE_NICENESS_ENV, "0")
     assert cpu_engine_niceness() == 0
     monkeypatch.setenv(CPU_ENGINE_NICENESS_ENV, "19")
     assert cpu_engine_niceness() == 19
