@@ -4,7 +4,6 @@ its running requests."""
 import asyncio
 import contextlib
 import gc
-import time
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
@@ -19,7 +18,7 @@ from serve_app.engine.fake import FakeRenderer
 from serve_app.engine.protocol import StreamChunk
 from serve_app.ingress.channels import CallCancelled
 from serve_app.ingress.metrics import Outcome
-from serve_app.ingress.pipeline import ClosingStreamingResponse, RequestPipeline, Routed
+from serve_app.ingress.pipeline import ClosingStreamingResponse, RequestPipeline
 from serve_app.profiles import Platform
 from serve_app.routing.config import Policy
 from serve_app.routing.estimator import Load, Prediction
@@ -32,6 +31,7 @@ from serve_app.routing.policy import (
     RouteTo,
 )
 from serve_app.routing.slo import SLO
+from tests.unit.ingress.test_pipeline_timing import routed
 
 POLL_MS = 20.0
 HOLD = Reject(429, RejectReason.PROTECTS_RUNNING, "held", wait_ttft_ms=1.0)
@@ -187,25 +187,14 @@ async def test_a_call_cancelled_as_its_client_left_counts_as_a_disconnect(
     async def client_gone() -> bool:
         return client_left
 
-    routed = Routed(
-        request_id="cmpl-1",
-        pool="low-latency",
-        reason="slo",
-        slo=SLO("batch"),
-        load=Load(0, 0, 0),
-        prompt_tokens=10,
-        started=time.perf_counter(),
-        predicted_ttft_ms=20.0,
-        tokenized=time.perf_counter(),
-        decided=time.perf_counter(),
-    )
+    track = routed(None)
     got: list[StreamChunk] = []
     if client_left:
-        got = [chunk async for chunk in p._track(routed, stream, client_gone)]
+        got = [chunk async for chunk in p._track(track, stream, client_gone)]
         assert outcomes == [Outcome.DISCONNECTED]
     else:
         with pytest.raises(CallCancelled):
-            async for chunk in p._track(routed, stream, client_gone):
+            async for chunk in p._track(track, stream, client_gone):
                 got.append(chunk)
         assert outcomes == []
     assert len(got) == 1
