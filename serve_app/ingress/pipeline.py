@@ -795,7 +795,7 @@ class RequestPipeline:
         self,
         routed: Routed,
         stream: ChunkStream,
-        client_gone: Callable[[], Awaitable[bool]] | None = None,
+        client_gone: Callable[[], Awaitable[bool]],
     ) -> AsyncGenerator[StreamChunk, None]:
         """The pool's chunks, with local load accounting and latency learning around them.
 
@@ -848,7 +848,7 @@ class RequestPipeline:
                 last = chunk
                 yield chunk
         except CallCancelled:
-            if client_gone is None or not await client_gone():
+            if not await client_gone():
                 failed = True
                 raise
         except Exception:
