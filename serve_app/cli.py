@@ -23,11 +23,23 @@ from typing import Any
 import httpx
 import psutil
 import yaml
+from pydantic import ValidationError
 
 from serve_app import haproxy_loopback
 from serve_app.chat import launch as chat
+from serve_app.config import AppArgs
+from serve_app.engine import cpu_layout
 from serve_app.engine.priority import cpu_engine_niceness
 from serve_app.engine.watchdog import stop
+from serve_app.profiles import (
+    Platform,
+    ProfileError,
+    detect_platform,
+    engine_threads,
+    find_profile,
+    load_profile,
+    profiles_dir,
+)
 from serve_app.proxy_hooks import CALLBACK_ENV, CALLBACK_PATH
 
 LOOPBACK = "127.0.0.1"
@@ -135,6 +147,46 @@ def start_local_ray(
     return f"http://{LOOPBACK}:{dashboard_port}"
 
 
+def engine_cpus(config: dict[str, Any]) -> int:
+    """Cores the config's CPU engines run their model on: each pool's min replicas (at least
+    one) × its threads."""
+    count = 0
+    for app in config.get("applications", []):
+        args = AppArgs.model_validate(app.get("args", {}))
+        directory = profiles_dir(args.profiles_dir)
+        for name in args.profiles:
+            profile = load_profile(find_profile(name, directory)).resolve(Platform.CPU)
+            count += max(profile.pool.min_replicas, 1) * engine_threads(profile)
+    return count
+
+
+def reserve_engine_cpus(config: dict[str, Any]) -> cpu_layout.Layout | None:
+    """On a CPU host with cores to spare, cores of the engines' own (engine/cpu_layout.py): this
+    process, and so Ray and every process of the app, moves to the others. Call before Ray
+    starts."""
+    os.environ.update(SINGLE_NODE_ENV)  # before detect_platform() imports ray
+    if cpu_layout.reservation_off() or detect_platform() is not Platform.CPU:
+        return None
+    try:
+        count = engine_cpus(config)
+    except (ProfileError, ValidationError, OSError):
+        return None  # `serve deploy` says what is wrong with the config
+    layout = cpu_layout.plan(sorted(os.sched_getaffinity(0)), count)
+    if layout is None:
+        return None
+    lock_dir = tempfile.mkdtemp(prefix="serve-app-cpus-")
+    atexit.register(shutil.rmtree, lock_dir, True)
+    os.environ[cpu_layout.ENGINE_CPUS_ENV] = ",".join(map(str, layout.engines))
+    os.environ[cpu_layout.ENGINE_CPU_LOCKS_ENV] = lock_dir
+    os.sched_setaffinity(0, layout.serving)
+    print(
+        f"serve-app: cores {layout.engines} run the engines' model threads, {layout.serving} "
+        f"the rest ({cpu_layout.ENGINE_CPUS_ENV}=off: no reservation)",
+        flush=True,
+    )
+    return layout
+
+
 def serve_deploy(config: dict[str, Any], dashboard_url: str) -> None:
     """`serve deploy` of a config dict (written to a temporary file) to the given cluster."""
     beside = Path(sys.executable).with_name("serve")  # a venv's own CLI first, then $PATH
@@ -193,6 +245,7 @@ def _run(args: argparse.Namespace) -> int:
     http_url = http_url_of(config)
     _stop_on_signals()
     try:
+        reserve_engine_cpus(config)
         dashboard = start_local_ray(
             dashboard_port=args.dashboard_port,
             metrics_port=args.metrics_port,

@@ -217,13 +217,18 @@ def engine_env(profile: ResolvedProfile) -> dict[str, str]:
     """Environment an engine of this profile runs with (the app's replicas and the bench's).
 
     vLLM CPU binds OpenMP threads to cores itself ("auto"); several engines on one host would
-    then pin to the same cores. Each engine instead runs as many threads as CPUs it was given.
+    then pin to the same cores. Each engine instead runs as many threads as CPUs it was given,
+    unbound unless `serve-app run` reserved cores for them (engine/cpu_layout.py).
     """
     if profile.platform is Platform.CUDA:
         # A process that touched CUDA (platform detection, NVML) cannot fork a CUDA worker.
         return {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
-    threads = max(1, int(profile.pool.num_cpus))
-    return {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(threads)}
+    return {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(engine_threads(profile))}
+
+
+def engine_threads(profile: ResolvedProfile) -> int:
+    """The threads a CPU engine of this profile runs its model on: one per CPU it was given."""
+    return max(1, int(profile.pool.num_cpus))
 
 
 def check_platform(profile: ResolvedProfile) -> None:

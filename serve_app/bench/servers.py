@@ -27,10 +27,13 @@ import yaml
 from serve_app.app import _served_name
 from serve_app.cli import wait_ok
 from serve_app.engine.builtin_model import resolve_model
+from serve_app.engine.cpu_layout import plan
 from serve_app.profiles import (
+    Platform,
     ResolvedProfile,
     detect_platform,
     engine_env,
+    engine_threads,
     find_profile,
     load_profile,
     profiles_dir,
@@ -77,18 +80,31 @@ def vllm_serve(
     log: Path,
     extra_args: list[str] | None = None,
     extra_env: dict[str, str] | None = None,
+    cpu_layout: bool = True,
 ) -> subprocess.Popen[bytes]:
     """`vllm serve` with the profile's model and engine arguments on 127.0.0.1:port (output to
-    `log`), under the model name the app serves it as; ready when /health answers 200."""
+    `log`), under the model name the app serves it as; ready when /health answers 200. On a CPU
+    host, with `cpu_layout`, in the layout `serve-app run` gives a one-pool app there: the
+    engine's model threads on cores of their own, every other process on the rest."""
     cmd = [
         sys.executable, "-m", "serve_app.bench.vllm_cli", "serve", resolve_model(profile.model),
         "--host", LOOPBACK, "--port", str(port),
         "--served-model-name", _served_name(profile.model),
         *vllm_serve_flags(profile), *(extra_args or []),
     ]  # fmt: skip
-    env = {**os.environ, **engine_env(profile), **(extra_env or {})}
+    env = {**os.environ, **engine_env(profile)}
+    layout = None
+    if cpu_layout and profile.platform is Platform.CPU:
+        layout = plan(sorted(os.sched_getaffinity(0)), engine_threads(profile))
+    if layout is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, layout.engines))
+    env.update(extra_env or {})
+    serving = layout.serving if layout is not None else None
     with log.open("wb") as out:
-        return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+            preexec_fn=None if serving is None else lambda: os.sched_setaffinity(0, serving),
+        )  # fmt: skip
 
 
 def _bench_profile(profile_path: Path, out_dir: Path) -> Path:
@@ -150,11 +166,13 @@ def servers(
     direct_ingress: bool = False,
     server_timing: bool = True,
     api_servers: list[int] | None = None,
+    vllm_cpu_layout: bool = True,
 ) -> Iterator[tuple[list[Server], ResolvedProfile]]:
     """`vllm serve` (one per API-server count in `api_servers`, else one) and the app
     (`serve-app run` with `app_args`), ready; all stopped on exit. Targets: every `vllm serve`,
     the app at its address, with fallback_proxy Serve's proxy that HAProxy falls back to, with
-    direct_ingress the app's ingress replica's own port."""
+    direct_ingress the app's ingress replica's own port; `vllm_cpu_layout`: `vllm serve` in the
+    app's CPU layout (see vllm_serve)."""
     vllm_port, app_port, dashboard_port, metrics_port = ports
     source = find_profile(profile_name, profiles_dir())
     profiles = Path(tempfile.mkdtemp(prefix="bench-profiles-"))
@@ -180,7 +198,7 @@ def servers(
             for n, (name, flags) in enumerate(vllm_variants(vllm_args, api_servers or [])):
                 port = vllm_port if n == 0 else free_port()
                 log = log_dir / f"{name.replace(' ', '-')}.log"
-                proc = vllm_serve(profile, port, log, flags, vllm_env)
+                proc = vllm_serve(profile, port, log, flags, vllm_env, vllm_cpu_layout)
                 started.append(proc)
                 targets.append(Server(name, f"http://{LOOPBACK}:{port}", proc))
                 if not together:

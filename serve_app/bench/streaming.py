@@ -403,6 +403,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--app-env", action="append", default=[], help="KEY=VALUE for the app")
     parser.add_argument("--vllm-env", action="append", default=[], help="KEY=VALUE for vllm serve")
     parser.add_argument(
+        "--vllm-cpu-layout",
+        choices=["app", "unbound"],
+        default="app",
+        help="on CPU: `vllm serve` with its engine's model threads on cores of their own and "
+        "its other processes on the rest, as `serve-app run` lays out a one-pool app (app), or "
+        "unbound (SERVE_APP_ENGINE_CPUS=off in --app-env does the same for the app)",
+    )
+    parser.add_argument(
         "--vllm-arg",
         action="append",
         default=[],
@@ -500,6 +508,7 @@ def main(argv: list[str] | None = None) -> int:
         direct_ingress=args.direct_ingress,
         server_timing=not args.no_server_timing,
         api_servers=api_servers,
+        vllm_cpu_layout=args.vllm_cpu_layout == "app",
     ) as (targets, profile):
         from serve_app.engine.builtin_model import resolve_model
 

@@ -63,6 +63,7 @@ except ImportError:  # vLLM 0.26
     _REQUEST_ERRORS = (ValueError, TypeError, OverflowError, NotImplementedError, VLLMNotFoundError)
 
 from serve_app.engine.builtin_model import resolve_model
+from serve_app.engine.cpu_layout import Claim, bind_engine, favour_engine
 from serve_app.engine.priority import cpu_engine_niceness, set_engine_niceness
 from serve_app.engine.protocol import (
     ApiCall,
@@ -75,7 +76,7 @@ from serve_app.engine.protocol import (
     StreamChunk,
 )
 from serve_app.engine.watchdog import Watchdog
-from serve_app.profiles import Platform, ResolvedProfile
+from serve_app.profiles import Platform, ResolvedProfile, engine_threads
 from serve_app.timing import Stage, elapsed_ms
 
 logger = logging.getLogger(__name__)
@@ -209,6 +210,7 @@ class VLLMEngine(Engine):
         self._core: Any = None  # the engine core processes' manager, when started here
         self._stats_logger: _SchedulerStatsLogger | None = None
         self._watchdog: Watchdog | None = None
+        self._cpus: Claim | None = None  # reserved cores the engine's model threads run on
         self._api: OpenAILayer | None = None
         self.slots: list[ClientSlot] = []  # the other clients' places at this engine core
 
@@ -225,6 +227,8 @@ class VLLMEngine(Engine):
             # it ends, even while the engine is still loading. (In a Ray actor vLLM spawns
             # them, so they do not inherit the watchdog's pipe.)
             self._watchdog = Watchdog()
+            if self._profile.platform is Platform.CPU:
+                self._cpus = bind_engine(engine_threads(self._profile))
             if clients > 1:
                 self._core, slots = launch_engine_core(engine_args_for(self._profile), clients)
                 self._llm = self._client(slots[0], factory)
@@ -234,6 +238,8 @@ class VLLMEngine(Engine):
                     engine_args_for(self._profile), stat_loggers=[factory]
                 )
         self._api = await OpenAILayer.start(self._llm, self._profile)
+        if self._cpus is not None:
+            favour_engine(self._cpus)
         niceness = cpu_engine_niceness()
         if self._profile.platform is Platform.CPU and niceness is not None and self._slot is None:
             set_engine_niceness(niceness)
@@ -328,6 +334,9 @@ class VLLMEngine(Engine):
         if self._watchdog is not None:  # ends whatever the engine's shutdown left running
             self._watchdog.release()
             self._watchdog = None
+        if self._cpus is not None:
+            self._cpus.release()
+            self._cpus = None
 
 
 # --- vLLM's OpenAI layer ------------------------------------------------------------------------

@@ -1,9 +1,18 @@
+import os
+from pathlib import Path
+from typing import Any
+
 import pytest
 import ray
 import ray.exceptions
+import yaml
 from ray import serve
 
 from serve_app import cli
+from serve_app.constants import PLATFORM_ENV
+from serve_app.engine import cpu_layout
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_ray_stops_when_serve_controller_is_already_dying(
@@ -28,3 +37,52 @@ def test_nothing_to_stop_without_ray(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(serve, "shutdown", lambda: pytest.fail("Serve shut down without Ray"))
     cli.stop_serve_and_ray()
+
+
+def shipped_config(profiles: list[str] | None = None) -> dict[str, Any]:
+    config: dict[str, Any] = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    if profiles is not None:
+        config["applications"][0]["args"]["profiles"] = profiles
+    return config
+
+
+def test_the_engines_need_a_core_per_pool_replica_and_thread() -> None:
+    assert cli.engine_cpus(shipped_config()) == 2  # low-latency and throughput, 1 x 1 each
+    assert cli.engine_cpus(shipped_config(["low-latency"])) == 1
+
+
+@pytest.fixture
+def four_cores(monkeypatch: pytest.MonkeyPatch) -> list[set[int]]:
+    """A CPU host of 4 cores; what this process's affinity was set to."""
+    moved: list[set[int]] = []
+    monkeypatch.setenv(PLATFORM_ENV, "cpu")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: moved.append(set(cpus)))
+    for key in (cpu_layout.ENGINE_CPUS_ENV, cpu_layout.ENGINE_CPU_LOCKS_ENV):
+        monkeypatch.delenv(key, raising=False)
+    return moved
+
+
+def test_the_app_moves_off_the_cores_it_reserves_for_its_engines(
+    four_cores: list[set[int]],
+) -> None:
+    layout = cli.reserve_engine_cpus(shipped_config())
+    assert layout == cpu_layout.Layout(serving=[0, 1], engines=[2, 3])
+    assert four_cores == [{0, 1}]  # Ray, started next, inherits it
+    assert os.environ[cpu_layout.ENGINE_CPUS_ENV] == "2,3"
+    assert Path(os.environ[cpu_layout.ENGINE_CPU_LOCKS_ENV]).is_dir()
+
+
+@pytest.mark.parametrize("case", ["off", "no core left", "bad profile"])
+def test_no_reservation(
+    four_cores: list[set[int]], monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    config = shipped_config()
+    if case == "off":
+        monkeypatch.setenv(cpu_layout.ENGINE_CPUS_ENV, cpu_layout.OFF)
+    elif case == "no core left":
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    else:  # `serve deploy` reports it
+        config = shipped_config(["no-such-profile"])
+    assert cli.reserve_engine_cpus(config) is None
+    assert four_cores == []
