@@ -65,6 +65,8 @@ def test_stopping_leaves_no_engine_behind(tmp_path: Path, how: str) -> None:
         seen = psutil.Process(proc.pid).children(recursive=True)
         engines = [p for p in seen if "EngineCore" in " ".join(p.cmdline()) + p.name()]
         assert engines, [p.name() for p in seen]
+        if how == "SIGTERM":
+            assert_the_engine_has_a_core_of_its_own(seen)
         if how == "serve shutdown":
             serve = str(Path(sys.executable).with_name("serve"))
             env = {**os.environ, "RAY_AUTH_MODE": "token"}
@@ -85,6 +87,27 @@ def test_stopping_leaves_no_engine_behind(tmp_path: Path, how: str) -> None:
             with contextlib.suppress(psutil.Error):
                 p.kill()
         log.close()
+
+
+def assert_the_engine_has_a_core_of_its_own(app: list[psutil.Process]) -> None:
+    """One pool on a host of several cores (engine/cpu_layout.py): the engine's worker runs on
+    the last core at Ray's priority; every other process of the app, on the others."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("one core: nothing to reserve")
+    workers = [p for p in app if p.name() == "VLLM::Worker"]
+    assert len(workers) == 1, [p.name() for p in app]
+    worker = workers[0]
+    raylet = next(p for p in app if p.name() == "raylet")
+    for tid in (t.id for t in worker.threads()):
+        assert os.sched_getaffinity(tid) == {cores[-1]}
+    # raising a priority is refused without CAP_SYS_NICE: the worker keeps the replicas' 15
+    assert worker.nice() == (raylet.nice() if os.geteuid() == 0 else 15)
+    for proc in app:
+        if proc.pid == worker.pid:
+            continue
+        with contextlib.suppress(psutil.NoSuchProcess):
+            assert cores[-1] not in proc.cpu_affinity(), (proc.name(), proc.cpu_affinity())
 
 
 def readme_block(heading: str) -> str:
