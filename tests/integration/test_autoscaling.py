@@ -145,7 +145,11 @@ def test_sustained_refusals_scale_the_pool_up(app_server: AppServer) -> None:
     try:
         wait_for(lambda: running_replicas(app_server.dashboard_url) == 1, 120)
         worker.start()
-        up_s = wait_for(lambda: running_replicas(app_server.dashboard_url) == 2, 180)
+        try:
+            up_s = wait_for(lambda: running_replicas(app_server.dashboard_url) == 2, 180)
+        except TimeoutError:
+            counts = {code: statuses.count(code) for code in sorted(set(statuses))}
+            raise AssertionError(f"no second replica after 180 s; statuses: {counts}") from None
         stop.set()
         worker.join(90)
         refused = statuses.count(429)
