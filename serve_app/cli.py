@@ -171,12 +171,12 @@ def reserve_engine_cpus(config: dict[str, Any]) -> cpu_layout.Layout | None:
         count = engine_cpus(config)
     except (ProfileError, ValidationError, OSError):
         return None  # `serve deploy` says what is wrong with the config
-    layout = cpu_layout.plan(sorted(os.sched_getaffinity(0)), count)
+    layout = cpu_layout.plan_here(count)
     if layout is None:
         return None
     lock_dir = tempfile.mkdtemp(prefix="serve-app-cpus-")
     atexit.register(shutil.rmtree, lock_dir, True)
-    os.environ[cpu_layout.ENGINE_CPUS_ENV] = ",".join(map(str, layout.engines))
+    os.environ[cpu_layout.ENGINE_CPUS_ENV] = cpu_layout.cpu_list(layout.engines)
     os.environ[cpu_layout.ENGINE_CPU_LOCKS_ENV] = lock_dir
     os.sched_setaffinity(0, layout.serving)
     print(

@@ -27,7 +27,7 @@ import yaml
 from serve_app.app import _served_name
 from serve_app.cli import wait_ok
 from serve_app.engine.builtin_model import resolve_model
-from serve_app.engine.cpu_layout import plan
+from serve_app.engine.cpu_layout import cpu_list, plan_here
 from serve_app.profiles import (
     Platform,
     ResolvedProfile,
@@ -95,9 +95,9 @@ def vllm_serve(
     env = {**os.environ, **engine_env(profile)}
     layout = None
     if cpu_layout and profile.platform is Platform.CPU:
-        layout = plan(sorted(os.sched_getaffinity(0)), engine_threads(profile))
+        layout = plan_here(engine_threads(profile))
     if layout is not None:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, layout.engines))
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_list(layout.engines)
     env.update(extra_env or {})
     serving = layout.serving if layout is not None else None
     with log.open("wb") as out:

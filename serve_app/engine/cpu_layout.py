@@ -54,6 +54,16 @@ def plan(cpus: list[int], engine_cpus: int) -> Layout | None:
     return Layout(serving=cpus[:-engine_cpus], engines=cpus[-engine_cpus:])
 
 
+def plan_here(engine_cpus: int) -> Layout | None:
+    """plan() over the cores this process may run on."""
+    return plan(list(os.sched_getaffinity(0)), engine_cpus)
+
+
+def cpu_list(cpus: list[int]) -> str:
+    """Cores as vLLM's VLLM_CPU_OMP_THREADS_BIND and ENGINE_CPUS_ENV write them: "2,3"."""
+    return ",".join(map(str, cpus))
+
+
 def reserved() -> list[int]:
     """The cores `serve-app run` reserved for engines (none when off or not set)."""
     raw = os.environ.get(ENGINE_CPUS_ENV, "")
@@ -113,7 +123,7 @@ def bind_engine(count: int) -> Claim | None:
     if held is None:
         logger.info("no free core among the engines' %s: this engine runs unbound", cpus)
         return None
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, held.cpus))
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_list(held.cpus)
     os.environ["OMP_NUM_THREADS"] = str(count)
     logger.info("engine's model threads bound to cores %s", held.cpus)
     return held
