@@ -9,12 +9,16 @@ proportion to the engines' own waiting queues, reported by each replica's
 (Serve rounds the answer up, so a queue below the target adds none). Requests the ingress refused
 because this pool lacked the capacity to meet their SLO are demand too: once they are over
 REFUSED_SHARE of the pool's demand, the pool is sized for arrivals + refusals at its current
-arrivals per replica (one more replica when nothing got through). Bounds, delays and scaling
-factors are applied by Serve around it.
+arrivals per replica (one more replica when nothing got through). While a pool still refuses
+requests for want of capacity, however few, it keeps its target: no replica is removed and none
+still starting is cancelled (a share hovering about REFUSED_SHARE would otherwise scale it up
+and down, stopping each new replica before its engine is up). Bounds, delays and scaling factors
+are applied by Serve around it.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -27,6 +31,8 @@ REFUSED_METRIC = "refused_per_s"
 REFUSED_SHARE = 0.1  # refusals below this share of a pool's demand do not scale it
 POLICY_PATH = "serve_app.autoscaling:EngineQueuePolicy"
 
+logger = logging.getLogger("ray.serve")
+
 
 def desired_replicas(
     current: int,
@@ -35,12 +41,16 @@ def desired_replicas(
     target_waiting_per_replica: float,
     arrivals_per_s: float = 0.0,
     refused_per_s: float = 0.0,
+    target: int = 0,
 ) -> float:
     """Replicas wanted: Serve's ongoing-request answer, or more while engines queue requests or
-    the ingress refuses requests for want of this pool's capacity."""
+    the ingress refuses requests for want of this pool's capacity; never below `target` (the
+    replicas asked for, running or starting) while any are refused."""
     if current == 0:
         return ongoing_desired
     desired = ongoing_desired
+    if refused_per_s > 0:
+        desired = max(desired, target)
     if engine_waiting > 0:
         desired = max(desired, current + math.floor(engine_waiting / target_waiting_per_replica))
     if refused_per_s > REFUSED_SHARE * (arrivals_per_s + refused_per_s):
@@ -59,6 +69,7 @@ class EngineQueuePolicy:
         if target_waiting_per_replica <= 0:
             raise ValueError("target_waiting_per_replica must be positive")
         self.target_waiting_per_replica = target_waiting_per_replica
+        self._turn = 0  # 1: wants more replicas than its target, -1: fewer, 0: as many
 
     def __call__(self, ctx: AutoscalingContext) -> tuple[float, dict[str, Any]]:
         ongoing_desired, state = replica_queue_length_autoscaling_policy(ctx)
@@ -67,12 +78,39 @@ class EngineQueuePolicy:
         def total(name: str) -> float:
             return float(sum(metrics.get(name, {}).values()))
 
-        desired = desired_replicas(
-            ctx.current_num_replicas,
-            ongoing_desired,
+        waiting, arrivals, refused = (
             total(WAITING_METRIC),
-            self.target_waiting_per_replica,
             total(ARRIVALS_METRIC),
             total(REFUSED_METRIC),
         )
+        desired = desired_replicas(
+            ctx.current_num_replicas,
+            ongoing_desired,
+            waiting,
+            self.target_waiting_per_replica,
+            arrivals,
+            refused,
+            ctx.target_num_replicas,
+        )
+        # Serve logs its decisions, not why: say what the pool wanted each time that turns from
+        # more than its target to fewer or back (the start of each scaling delay).
+        wanted = min(
+            max(math.ceil(desired), ctx.capacity_adjusted_min_replicas),
+            ctx.capacity_adjusted_max_replicas,
+        )
+        turn = (wanted > ctx.target_num_replicas) - (wanted < ctx.target_num_replicas)
+        if turn != self._turn:
+            self._turn = turn
+            logger.info(
+                "%s wants %d replicas (target %d, %d running): ongoing requests want %.2f; "
+                "%.0f waiting in engines, %.2f arrivals/s, %.2f refused/s",
+                ctx.deployment_name,
+                wanted,
+                ctx.target_num_replicas,
+                ctx.current_num_replicas,
+                ongoing_desired,
+                waiting,
+                arrivals,
+                refused,
+            )
         return desired, dict(state)

@@ -1,3 +1,4 @@
+import logging
 from typing import Any
 
 import pytest
@@ -87,3 +88,31 @@ def test_policy_reads_refused_demand_from_replica_stats() -> None:
 def test_target_must_be_positive() -> None:
     with pytest.raises(ValueError, match="positive"):
         EngineQueuePolicy(0)
+
+
+def test_a_pool_that_still_refuses_keeps_its_target() -> None:
+    # one replica running, a second starting (target 2); refusals fell to a twentieth of the
+    # demand: not enough to scale up, but the starting replica is not cancelled
+    assert desired_replicas(1, 0.1, 0, 4, arrivals_per_s=19, refused_per_s=1, target=2) == 2.0
+    assert desired_replicas(2, 0.1, 0, 4, arrivals_per_s=19, refused_per_s=1, target=2) == 2.0
+    # no refusals: Serve's answer, and the pool may shrink
+    assert desired_replicas(1, 0.1, 0, 4, arrivals_per_s=19, refused_per_s=0, target=2) == 0.1
+
+
+def test_policy_holds_a_scale_up_in_flight_while_refusing() -> None:
+    policy = EngineQueuePolicy(target_waiting_per_replica=1000)
+    extra = {ARRIVALS_METRIC: {"a": 19.0}, REFUSED_METRIC: {"a": 1.0}}
+    ctx = context(1, ongoing=2, waiting={"a": 0}, extra=extra)
+    ctx.target_num_replicas = 2
+    desired, _ = policy(ctx)
+    assert desired == pytest.approx(2.0)
+
+
+def test_policy_says_why_it_wants_more(caplog: pytest.LogCaptureFixture) -> None:
+    policy = EngineQueuePolicy(target_waiting_per_replica=2)
+    with caplog.at_level(logging.INFO, logger="ray.serve"):
+        policy(context(1, ongoing=8, waiting={"a": 6}))
+        policy(context(1, ongoing=8, waiting={"a": 6}))  # the same wish: said once
+    [line] = [r.getMessage() for r in caplog.records]
+    assert line.startswith("pool-x wants 4 replicas (target 1, 1 running)"), line
+    assert "6 waiting in engines" in line
