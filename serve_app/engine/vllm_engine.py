@@ -15,6 +15,8 @@ import asyncio
 import contextvars
 import inspect
 import logging
+import os
+import tempfile
 import time
 from argparse import Namespace
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -124,6 +126,10 @@ def engine_args_for(profile: ResolvedProfile) -> AsyncEngineArgs:
     )
 
 
+# vLLM puts its processes' IPC sockets (ZeroMQ, ipc://) in this directory, /tmp unless set, and
+# leaves them there when the processes end: each engine here gets a directory of its own in it.
+IPC_BASE_ENV = "VLLM_RPC_BASE_PATH"
+IPC_BASE = os.environ.get(IPC_BASE_ENV)  # as this process started, before an engine set it
 DEAD_SEEN_WITHIN_S = 1.0  # after a request's engine stream failed (OpenAILayer._engine_dead)
 DEAD_POLL_S = 0.01
 
@@ -225,8 +231,11 @@ class VLLMEngine(Engine):
         else:
             # Before the engine's processes exist, so that they end with this process whenever
             # it ends, even while the engine is still loading. (In a Ray actor vLLM spawns
-            # them, so they do not inherit the watchdog's pipe.)
-            self._watchdog = Watchdog()
+            # them, so they do not inherit the watchdog's pipe.) Their IPC sockets go to a
+            # directory of this engine's, which the watchdog removes once they are gone.
+            ipc = tempfile.mkdtemp(prefix="serve-app-", dir=IPC_BASE)
+            os.environ[IPC_BASE_ENV] = ipc  # read by vLLM here and in the processes it starts
+            self._watchdog = Watchdog(remove=ipc)
             if self._profile.platform is Platform.CPU:
                 self._cpus = bind_engine(engine_threads(self._profile))
             if clients > 1:

@@ -15,7 +15,8 @@ SIGKILL after a grace period. It then exits itself. The replica goes on only onc
 holds it (says so on its stdout), so a replica killed while the watchdog starts is still seen.
 A replica whose own parent (Ray's raylet) dies is cut off from Ray, which will neither use it
 nor stop it, while its worker can linger for minutes: the watchdog then ends it as well, engine
-first.
+first. Last it removes the directory it was given (`remove`: the engine's IPC sockets, which
+vLLM's processes leave behind in /tmp whenever they end without cleaning up).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import shutil
 import subprocess
 import sys
 from typing import IO
@@ -36,9 +38,12 @@ GRACE_S = 5.0
 class Watchdog:
     """The replica's side: a running watchdog and the pipe's write end."""
 
-    def __init__(self, period_s: float = POLL_S, grace_s: float = GRACE_S) -> None:
+    def __init__(
+        self, period_s: float = POLL_S, grace_s: float = GRACE_S, remove: str | None = None
+    ) -> None:
         pids = [str(os.getpid()), str(os.getppid())]  # this replica and its raylet
         command = [sys.executable, "-m", __name__, *pids, str(period_s), str(grace_s)]
+        command += [remove] if remove else []
         # Its own session: a signal to the replica's process group does not end the watchdog
         # before it has done its work. The pipe is not inheritable, so no later child of the
         # replica keeps it open.
@@ -94,8 +99,11 @@ def _orphaned(parent: psutil.Process, first_ppid: int) -> bool:
         return False  # the replica itself is gone: the pipe says so
 
 
-def watch(parent_pid: int, first_ppid: int, period_s: float, grace_s: float) -> None:
-    """Watch `parent_pid` (whose own parent was `first_ppid`) until its pipe closes."""
+def watch(
+    parent_pid: int, first_ppid: int, period_s: float, grace_s: float, remove: str | None = None
+) -> None:
+    """Watch `parent_pid` (whose own parent was `first_ppid`) until its pipe closes; then end
+    what it left running and remove the directory `remove`."""
     me = os.getpid()
     parent = psutil.Process(parent_pid)
     print("watching", flush=True)  # the replica waits for this line
@@ -121,6 +129,8 @@ def watch(parent_pid: int, first_ppid: int, period_s: float, grace_s: float) -> 
     stop(left, grace_s)
     if cut_off:
         stop([parent], grace_s)
+    if remove:
+        shutil.rmtree(remove, ignore_errors=True)
 
 
 def running(p: psutil.Process) -> bool:
@@ -139,4 +149,5 @@ def _describe(p: psutil.Process) -> str:
 
 
 if __name__ == "__main__":
-    watch(int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]))
+    pid, ppid, period, grace, *remove = sys.argv[1:]
+    watch(int(pid), int(ppid), float(period), float(grace), *remove)

@@ -6,10 +6,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -49,7 +51,9 @@ def test_stopping_leaves_no_engine_behind(tmp_path: Path, how: str) -> None:
         "--dashboard-port", str(dashboard), "--metrics-port", str(metrics),
     ]  # fmt: skip
     log = (tmp_path / "run.log").open("w")
-    env = {**os.environ, **haproxy_ports_env()}
+    # vLLM's IPC sockets: under a directory of the test's (short: a socket's path is limited)
+    ipc = Path(tempfile.mkdtemp(prefix="ipc-"))
+    env = {**os.environ, **haproxy_ports_env(), "VLLM_RPC_BASE_PATH": str(ipc)}
     proc = subprocess.Popen(
         cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
@@ -65,6 +69,8 @@ def test_stopping_leaves_no_engine_behind(tmp_path: Path, how: str) -> None:
         seen = psutil.Process(proc.pid).children(recursive=True)
         engines = [p for p in seen if "EngineCore" in " ".join(p.cmdline()) + p.name()]
         assert engines, [p.name() for p in seen]
+        [engine_dir] = ipc.iterdir()  # the pool's one engine, its sockets in a directory of its own
+        assert any(f.is_socket() for f in engine_dir.iterdir()), list(engine_dir.iterdir())
         if how == "SIGTERM":
             assert_the_engine_has_a_core_of_its_own(seen)
         if how == "serve shutdown":
@@ -80,7 +86,9 @@ def test_stopping_leaves_no_engine_behind(tmp_path: Path, how: str) -> None:
         assert proc.wait(timeout=120) == 0, (tmp_path / "run.log").read_text()[-3000:]
         _, alive = psutil.wait_procs(seen, timeout=30)
         assert not alive, [(p.pid, p.name()) for p in alive]
+        assert not list(ipc.iterdir())  # no socket left behind
     finally:
+        shutil.rmtree(ipc, ignore_errors=True)
         if proc.poll() is None:
             proc.kill()
         for p in seen:  # whatever the test found alive, it started: end it

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,12 +16,12 @@ import pytest
 
 from serve_app.engine.watchdog import running, stop
 
-# A stand-in for a replica: starts the watchdog, then a child (the "engine core") that ignores
-# SIGTERM when asked, prints the pids and waits to be killed.
+# A stand-in for a replica: starts the watchdog (given a directory to remove, when asked), then a
+# child (the "engine core") that ignores SIGTERM when asked, prints the pids and waits to be killed.
 REPLICA = """
 import subprocess, sys, time
 from serve_app.engine.watchdog import Watchdog
-dog = Watchdog(period_s=0.1, grace_s=1.0)
+dog = Watchdog(period_s=0.1, grace_s=1.0, remove=(sys.argv[3:] or [None])[0])
 trap = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"
 child = subprocess.Popen([sys.executable, "-c", trap if sys.argv[1] == "stubborn" else
                           "import time; time.sleep(300)"])
@@ -107,6 +108,36 @@ def test_release_ends_what_shutdown_left_and_the_watchdog() -> None:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "released"
         assert not running(engine) and not running(dog)
         assert proc.poll() is None  # the replica itself lives on
+    finally:
+        proc.kill()
+        proc.wait(5)
+
+
+def engine_dir(tmp_path: Path) -> Path:
+    """A directory as an engine leaves it: a socket and a subdirectory."""
+    ipc = tmp_path / "ipc"
+    (ipc / "sub").mkdir(parents=True)
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(ipc / "engine.sock"))
+    return ipc
+
+
+@pytest.mark.parametrize("how", ["killed", "released"])
+def test_the_watchdog_removes_the_engines_directory_last(how: str, tmp_path: Path) -> None:
+    ipc = engine_dir(tmp_path)
+    proc, dog, engine = start_replica(
+        "polite", "release" if how == "released" else "keep", str(ipc)
+    )
+    try:
+        assert ipc.is_dir()  # while the engine runs
+        if how == "killed":
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(5)
+        else:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "released"
+        psutil.wait_procs([engine, dog], timeout=10)
+        assert not running(engine) and not running(dog)
+        assert not ipc.exists()
     finally:
         proc.kill()
         proc.wait(5)
