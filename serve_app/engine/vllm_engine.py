@@ -16,6 +16,7 @@ import contextvars
 import inspect
 import logging
 import os
+import shutil
 import tempfile
 import time
 from argparse import Namespace
@@ -217,6 +218,7 @@ class VLLMEngine(Engine):
         self._stats_logger: _SchedulerStatsLogger | None = None
         self._watchdog: Watchdog | None = None
         self._cpus: Claim | None = None  # reserved cores the engine's model threads run on
+        self._ipc: str | None = None  # the engine's IPC sockets' directory
         self._api: OpenAILayer | None = None
         self.slots: list[ClientSlot] = []  # the other clients' places at this engine core
 
@@ -232,10 +234,11 @@ class VLLMEngine(Engine):
             # Before the engine's processes exist, so that they end with this process whenever
             # it ends, even while the engine is still loading. (In a Ray actor vLLM spawns
             # them, so they do not inherit the watchdog's pipe.) Their IPC sockets go to a
-            # directory of this engine's, which the watchdog removes once they are gone.
-            ipc = tempfile.mkdtemp(prefix="serve-app-", dir=IPC_BASE)
-            os.environ[IPC_BASE_ENV] = ipc  # read by vLLM here and in the processes it starts
-            self._watchdog = Watchdog(remove=ipc)
+            # directory of this engine's, removed at shutdown, or by the watchdog once they
+            # are gone.
+            self._ipc = tempfile.mkdtemp(prefix="serve-app-", dir=IPC_BASE)
+            os.environ[IPC_BASE_ENV] = self._ipc  # read by vLLM here and in its processes
+            self._watchdog = Watchdog(remove=self._ipc)
             if self._profile.platform is Platform.CPU:
                 self._cpus = bind_engine(engine_threads(self._profile))
             if clients > 1:
@@ -343,6 +346,9 @@ class VLLMEngine(Engine):
         if self._watchdog is not None:  # ends whatever the engine's shutdown left running
             self._watchdog.release()
             self._watchdog = None
+        if self._ipc is not None:  # the watchdog's too, unless Ray ended it as this replica stops
+            shutil.rmtree(self._ipc, ignore_errors=True)
+            self._ipc = None
         if self._cpus is not None:
             self._cpus.release()
             self._cpus = None

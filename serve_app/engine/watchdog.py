@@ -15,8 +15,8 @@ SIGKILL after a grace period. It then exits itself. The replica goes on only onc
 holds it (says so on its stdout), so a replica killed while the watchdog starts is still seen.
 A replica whose own parent (Ray's raylet) dies is cut off from Ray, which will neither use it
 nor stop it, while its worker can linger for minutes: the watchdog then ends it as well, engine
-first. Last it removes the directory it was given (`remove`: the engine's IPC sockets, which
-vLLM's processes leave behind in /tmp whenever they end without cleaning up).
+first. It removes the directory it was given (`remove`: the engine's IPC sockets, which vLLM's
+processes leave behind in /tmp whenever they end without cleaning up), before and after.
 """
 
 from __future__ import annotations
@@ -121,6 +121,8 @@ def watch(
             # engine. It ends too, after its engine.
             cut_off = True
             break
+    if remove:  # first, in case this process is ended before the others are
+        shutil.rmtree(remove, ignore_errors=True)
     left = [p for p in seen.values() if running(p)]
     if left or cut_off:  # to the replica's log: what its engine's shutdown or death left running
         why = "cut off from Ray (its raylet is gone)" if cut_off else "gone"
@@ -129,7 +131,7 @@ def watch(
     stop(left, grace_s)
     if cut_off:
         stop([parent], grace_s)
-    if remove:
+    if remove:  # and what they wrote there as they ended
         shutil.rmtree(remove, ignore_errors=True)
 
 

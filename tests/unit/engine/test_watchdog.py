@@ -123,7 +123,7 @@ def engine_dir(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("how", ["killed", "released"])
-def test_the_watchdog_removes_the_engines_directory_last(how: str, tmp_path: Path) -> None:
+def test_the_watchdog_removes_the_engines_directory(how: str, tmp_path: Path) -> None:
     ipc = engine_dir(tmp_path)
     proc, dog, engine = start_replica(
         "polite", "release" if how == "released" else "keep", str(ipc)
