@@ -56,11 +56,11 @@ SINGLE_NODE_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 # for the TTFT breakdown and drops the headers with which a client could switch off Serve's
 # timeout and disconnect handling.
 # Ray starts its worker processes (the replicas, and the engines they start) at nice 15;
-# RAY_worker_niceness=0 in the environment runs them at the default priority. `serve-app run`
-# sets it where it gives the CPU engines cores of their own (reserve_engine_cpus); elsewhere it
-# is the user's choice. SERVE_APP_CPU_ENGINE_NICENESS sets the CPU engines' own processes'
-# niceness alone (engine/priority.py).
-WORKER_NICENESS_ENV = "RAY_worker_niceness"
+# RAY_worker_niceness=0 in the environment runs them at the default priority. Not the default
+# here: on two cores it gained at concurrency 64 only, and with the engines on cores of their own
+# nothing the noise between invocations did not hide (docs/results/streaming.md).
+# SERVE_APP_CPU_ENGINE_NICENESS sets the CPU engines' own processes' niceness alone
+# (engine/priority.py).
 SERVE_ENV = {
     "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
     "RAY_SERVE_USE_GRPC_BY_DEFAULT": "1",
@@ -163,9 +163,8 @@ def engine_cpus(config: dict[str, Any]) -> int:
 
 def reserve_engine_cpus(config: dict[str, Any]) -> cpu_layout.Layout | None:
     """On a CPU host with cores to spare, cores of the engines' own (engine/cpu_layout.py): this
-    process, and so Ray and every process of the app, moves to the others, where the replicas
-    and engine cores run at the default priority (as `vllm serve`'s processes do) instead of
-    Ray's nice 15, unless RAY_worker_niceness says otherwise. Call before Ray starts."""
+    process, and so Ray and every process of the app, moves to the others. Call before Ray
+    starts."""
     os.environ.update(SINGLE_NODE_ENV)  # before detect_platform() imports ray
     if cpu_layout.reservation_off() or detect_platform() is not Platform.CPU:
         return None
@@ -180,11 +179,6 @@ def reserve_engine_cpus(config: dict[str, Any]) -> cpu_layout.Layout | None:
     atexit.register(shutil.rmtree, lock_dir, True)
     os.environ[cpu_layout.ENGINE_CPUS_ENV] = cpu_layout.cpu_list(layout.engines)
     os.environ[cpu_layout.ENGINE_CPU_LOCKS_ENV] = lock_dir
-    # With the model threads on cores of their own, the app's cores hold the request path alone:
-    # at nice 15 it yielded them to Ray's own processes and the host's every other (on two
-    # cores, 0.82-0.92 of `vllm serve` at concurrency 1 against 0.93-1.01 at 0,
-    # docs/results/streaming.md).
-    os.environ.setdefault(WORKER_NICENESS_ENV, "0")
     os.sched_setaffinity(0, layout.serving)
     print(
         f"serve-app: cores {layout.engines} run the engines' model threads, {layout.serving} "

@@ -60,7 +60,6 @@ def four_cores(monkeypatch: pytest.MonkeyPatch) -> list[set[int]]:
     monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: moved.append(set(cpus)))
     for key in (cpu_layout.ENGINE_CPUS_ENV, cpu_layout.ENGINE_CPU_LOCKS_ENV):
         monkeypatch.delenv(key, raising=False)
-    monkeypatch.delenv(cli.WORKER_NICENESS_ENV, raising=False)
     return moved
 
 
@@ -72,15 +71,6 @@ def test_the_app_moves_off_the_cores_it_reserves_for_its_engines(
     assert four_cores == [{0, 1}]  # Ray, started next, inherits it
     assert os.environ[cpu_layout.ENGINE_CPUS_ENV] == "2,3"
     assert Path(os.environ[cpu_layout.ENGINE_CPU_LOCKS_ENV]).is_dir()
-    assert os.environ[cli.WORKER_NICENESS_ENV] == "0"  # the replicas at the default priority
-
-
-def test_a_niceness_the_user_set_is_kept(
-    four_cores: list[set[int]], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(cli.WORKER_NICENESS_ENV, "15")
-    assert cli.reserve_engine_cpus(shipped_config()) is not None
-    assert os.environ[cli.WORKER_NICENESS_ENV] == "15"
 
 
 @pytest.mark.parametrize("case", ["off", "no core left", "bad profile"])
@@ -96,4 +86,3 @@ def test_no_reservation(
         config = shipped_config(["no-such-profile"])
     assert cli.reserve_engine_cpus(config) is None
     assert four_cores == []
-    assert cli.WORKER_NICENESS_ENV not in os.environ  # Ray's default, nice 15
