@@ -58,7 +58,7 @@ SINGLE_NODE_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 # Ray starts its worker processes (the replicas, and the engines they start) at nice 15;
 # RAY_worker_niceness=0 in the environment runs them at the default priority. Not the default
 # here: on two cores it gained at concurrency 64 only, and with the engines on cores of their own
-# nothing the noise between invocations did not hide (docs/results/streaming.md).
+# nothing beyond the spread between invocations (docs/results/streaming.md).
 # SERVE_APP_CPU_ENGINE_NICENESS sets the CPU engines' own processes' niceness alone
 # (engine/priority.py).
 SERVE_ENV = {
