@@ -8,7 +8,9 @@ started.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -137,12 +139,48 @@ def _app_config(
     return config
 
 
+# Ports for the servers started here (the bench's, the tests') come from below the kernel's
+# ephemeral range, which every outgoing connection (Ray's processes open many as they start)
+# takes its local port from: a port picked there can be taken by a connection before the server
+# binds it. Ray's own worker ports are 10002-19999 by default.
+LISTEN_PORTS = range(20_000, 32_768)
+
+
+def _ephemeral_ports() -> range:
+    with contextlib.suppress(OSError, ValueError):
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return range(low, high + 1)
+    return range(32_768, 61_000)
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free ports outside the ephemeral range: all bound at once, so none is handed
+    out twice."""
+    ephemeral = _ephemeral_ports()
+    candidates = [p for p in LISTEN_PORTS if p not in ephemeral]
+    sockets: list[socket.socket] = []
+    try:
+        for port in random.sample(candidates, len(candidates)):
+            if len(sockets) == n:
+                break
+            s = socket.socket()
+            try:
+                s.bind((LOOPBACK, port))
+            except OSError:  # in use
+                s.close()
+                continue
+            sockets.append(s)
+        if len(sockets) < n:
+            raise RuntimeError(f"fewer than {n} free ports in {LISTEN_PORTS}")
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        port: int = s.getsockname()[1]
-        return port
+    return free_ports(1)[0]
 
 
 def vllm_variants(vllm_args: list[str], api_servers: list[int]) -> list[tuple[str, list[str]]]:

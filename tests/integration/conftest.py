@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,23 +20,12 @@ import pytest
 import yaml
 
 from serve_app import haproxy_loopback
+from serve_app.bench.servers import free_ports
 from serve_app.cli import HAPROXY_FILES, descendants, reap, serve_deploy, start_local_ray, wait_ok
 from serve_app.engine.watchdog import running
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 300
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct free ports: all bound at once, so none is handed out twice."""
-    sockets = [socket.socket() for _ in range(n)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def haproxy_ports_env() -> dict[str, str]:

@@ -1,5 +1,7 @@
+import socket
 from pathlib import Path
 
+import pytest
 import yaml
 
 from serve_app.bench import servers
@@ -44,3 +46,21 @@ def test_app_config_serves_one_pool_without_slo_refusals(tmp_path: Path) -> None
     assert args["routing"]["default_class"] == "batch"
     assert set(args["routing"]["priors"]) == {"low-latency"}
     assert config["http_options"] == {**config["http_options"], "port": 9999}
+
+
+def test_free_ports_are_distinct_and_outside_the_ephemeral_range() -> None:
+    ports = servers.free_ports(8)
+    assert len(set(ports)) == 8
+    ephemeral = servers._ephemeral_ports()
+    assert all(p in servers.LISTEN_PORTS and p not in ephemeral for p in ports), ports
+
+
+def test_free_ports_skip_a_port_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    taken = servers.free_port()
+    monkeypatch.setattr(servers, "LISTEN_PORTS", range(taken - 1, taken + 1))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", taken))
+        s.listen()
+        assert servers.free_ports(1) == [taken - 1]
+        with pytest.raises(RuntimeError, match="fewer than 2 free ports"):
+            servers.free_ports(2)
