@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from typing import Any
 
 from ray.serve.autoscaling_policy import replica_queue_length_autoscaling_policy
@@ -70,6 +71,8 @@ class EngineQueuePolicy:
             raise ValueError("target_waiting_per_replica must be positive")
         self.target_waiting_per_replica = target_waiting_per_replica
         self._turn = 0  # 1: wants more replicas than its target, -1: fewer, 0: as many
+        self._turned_at = 0.0  # when it last turned
+        self._said = True  # the current turn has been logged (or needs no line)
 
     def __call__(self, ctx: AutoscalingContext) -> tuple[float, dict[str, Any]]:
         ongoing_desired, state = replica_queue_length_autoscaling_policy(ctx)
@@ -92,15 +95,22 @@ class EngineQueuePolicy:
             refused,
             ctx.target_num_replicas,
         )
-        # Serve logs its decisions, not why: say what the pool wanted each time that turns from
-        # more than its target to fewer or back (the start of each scaling delay).
+        # Serve logs its decisions, not why: once the pool has wanted more (or fewer) replicas
+        # than its target for the scaling delay, when Serve acts on it, say what it saw.
         wanted = min(
             max(math.ceil(desired), ctx.capacity_adjusted_min_replicas),
             ctx.capacity_adjusted_max_replicas,
         )
         turn = (wanted > ctx.target_num_replicas) - (wanted < ctx.target_num_replicas)
+        now = ctx.current_time or time.time()
         if turn != self._turn:
-            self._turn = turn
+            self._turn, self._turned_at, self._said = turn, now, turn == 0
+        config = ctx.config
+        delay_s = 0.0
+        if config is not None:
+            delay_s = config.upscale_delay_s if turn > 0 else config.downscale_delay_s
+        if not self._said and now - self._turned_at >= delay_s:
+            self._said = True
             logger.info(
                 "%s wants %d replicas (target %d, %d running): ongoing requests want %.2f; "
                 "%.0f waiting in engines, %.2f arrivals/s, %.2f refused/s",

@@ -108,11 +108,24 @@ def test_policy_holds_a_scale_up_in_flight_while_refusing() -> None:
     assert desired == pytest.approx(2.0)
 
 
-def test_policy_says_why_it_wants_more(caplog: pytest.LogCaptureFixture) -> None:
+def test_policy_says_why_once_the_wish_outlasts_the_delay(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     policy = EngineQueuePolicy(target_waiting_per_replica=2)
+
+    def at(t: float, waiting: float) -> None:
+        ctx = context(1, ongoing=8, waiting={"a": waiting})
+        ctx.current_time = t
+        policy(ctx)
+
+    delay = context(1, ongoing=8, waiting={"a": 6}).config.upscale_delay_s
     with caplog.at_level(logging.INFO, logger="ray.serve"):
-        policy(context(1, ongoing=8, waiting={"a": 6}))
-        policy(context(1, ongoing=8, waiting={"a": 6}))  # the same wish: said once
+        at(1000.0, 6)  # wants 4: Serve waits for the delay; so does the log
+        at(1000.0 + delay / 2, 0)  # back to its target: the wish is gone
+        at(1000.0 + delay, 6)  # wants 4 again, anew
+        assert not caplog.records
+        at(1000.0 + 2 * delay, 6)  # for the whole delay: Serve scales now
+        at(1000.0 + 3 * delay, 6)  # said once
     [line] = [r.getMessage() for r in caplog.records]
     assert line.startswith("pool-x wants 4 replicas (target 1, 1 running)"), line
     assert "6 waiting in engines" in line
