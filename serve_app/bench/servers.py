@@ -205,8 +205,10 @@ def servers(
     server_timing: bool = True,
     api_servers: list[int] | None = None,
     vllm_cpu_layout: bool = True,
+    with_vllm: bool = True,
 ) -> Iterator[tuple[list[Server], ResolvedProfile]]:
-    """`vllm serve` (one per API-server count in `api_servers`, else one) and the app
+    """`vllm serve` (one per API-server count in `api_servers`, else one; none without
+    `with_vllm`) and the app
     (`serve-app run` with `app_args`), ready; all stopped on exit. Targets: every `vllm serve`,
     the app at its address, with fallback_proxy Serve's proxy that HAProxy falls back to, with
     direct_ingress the app's ingress replica's own port; `vllm_cpu_layout`: `vllm serve` in the
@@ -233,7 +235,8 @@ def servers(
             # engine starting on the same GPU at that moment makes wrong (it then finds none):
             # one after the other, unless the profile fixes the KV cache's size.
             together = profile.engine.kv_cache_memory_bytes is not None
-            for n, (name, flags) in enumerate(vllm_variants(vllm_args, api_servers or [])):
+            variants = vllm_variants(vllm_args, api_servers or []) if with_vllm else []
+            for n, (name, flags) in enumerate(variants):
                 port = vllm_port if n == 0 else free_port()
                 log = log_dir / f"{name.replace(' ', '-')}.log"
                 proc = vllm_serve(profile, port, log, flags, vllm_env, vllm_cpu_layout)

@@ -33,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ import psutil
 from serve_app.app import _served_name
 from serve_app.bench.runner import conc_counts
 from serve_app.bench.servers import Server, servers
+from serve_app.bench.vllm_cli import BenchClient
 from serve_app.profiles import ResolvedProfile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -145,10 +147,18 @@ def start_py_spy(
     return started
 
 
+@dataclass(frozen=True)
+class Client:
+    """`vllm bench serve` (kept up between runs) and what it asks for."""
+
+    bench: BenchClient
+    model: str  # the name the servers serve it under
+    tokenizer: str
+
+
 def bench_once(
     server: Server,
-    model: str,
-    tokenizer: str,
+    client: Client,
     args: argparse.Namespace,
     conc: int,
     out: Path,
@@ -157,10 +167,9 @@ def bench_once(
     """One `vllm bench serve` run: `prompts` requests (default --num-prompts, at least 2 x
     conc) at concurrency conc."""
     name = f"{server.name.replace(' ', '-')}-c{conc}-{int(time.time() * 1e3)}.json"
-    cmd = [
-        sys.executable, "-m", "serve_app.bench.vllm_cli", "bench", "serve",
+    argv = [
         "--backend", "openai", "--base-url", server.url, "--endpoint", "/v1/completions",
-        "--model", model, "--tokenizer", tokenizer, "--dataset-name", "random",
+        "--model", client.model, "--tokenizer", client.tokenizer, "--dataset-name", "random",
         "--random-input-len", str(args.input_len), "--random-range-ratio", str(args.range_ratio),
         "--random-output-len", str(args.output_len),
         "--num-prompts", str(prompts or max(args.num_prompts, 2 * conc)),
@@ -170,8 +179,7 @@ def bench_once(
     ]  # fmt: skip
     cpu_before = cpu_seconds(server.proc.pid)
     threads_before = thread_cpu_seconds(server.proc.pid)
-    with (out / "logs" / "vllm-bench.log").open("ab") as log:
-        subprocess.run(cmd, check=True, stdout=log, stderr=log, timeout=args.run_timeout_s)
+    client.bench.run(argv, out / "logs" / "vllm-bench.log", args.run_timeout_s)
     cpu_after = cpu_seconds(server.proc.pid)
     threads_after = thread_cpu_seconds(server.proc.pid)
     result = json.loads((out / name).read_text())
@@ -193,9 +201,7 @@ def bench_once(
     return row
 
 
-def cell_prompts(
-    targets: list[Server], model: str, tokenizer: str, args: argparse.Namespace, conc: int
-) -> int:
+def cell_prompts(targets: list[Server], client: Client, args: argparse.Namespace, conc: int) -> int:
     """Requests per run at this concurrency: at least --num-prompts and 4 x conc, and enough that
     a run against the fastest target lasts --min-cell-s (from a short pilot run against each,
     dropped; the pilots also warm every server at this concurrency)."""
@@ -207,7 +213,7 @@ def cell_prompts(
     pilot_prompts = max(4 * conc, PILOT_PROMPTS)
     rates = []
     for server in targets:
-        pilot = bench_once(server, model, tokenizer, args, conc, args.out, pilot_prompts)
+        pilot = bench_once(server, client, args, conc, args.out, pilot_prompts)
         rates.append(float(pilot["completed"]) / float(pilot["duration"]))
     return max(floor, math.ceil(round(max(rates) * float(args.min_cell_s) * 1.1, 6)))
 
@@ -496,28 +502,31 @@ def main(argv: list[str] | None = None) -> int:
     api_servers = [int(n) for n in args.vllm_api_servers.split(",") if n]
     # a SIGTERM unwinds like Ctrl-C, so the servers below are stopped on the way out
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    with servers(
-        args.profile,
-        ports,
-        logs,
-        app_env,
-        vllm_env,
-        args.vllm_arg,
-        app_args=args.app_arg,
-        fallback_proxy=args.serve_proxy_target,
-        direct_ingress=args.direct_ingress,
-        server_timing=not args.no_server_timing,
-        api_servers=api_servers,
-        vllm_cpu_layout=args.vllm_cpu_layout == "app",
-    ) as (targets, profile):
+    with (
+        BenchClient() as bench,
+        servers(
+            args.profile,
+            ports,
+            logs,
+            app_env,
+            vllm_env,
+            args.vllm_arg,
+            app_args=args.app_arg,
+            fallback_proxy=args.serve_proxy_target,
+            direct_ingress=args.direct_ingress,
+            server_timing=not args.no_server_timing,
+            api_servers=api_servers,
+            vllm_cpu_layout=args.vllm_cpu_layout == "app",
+        ) as (targets, profile),
+    ):
         from serve_app.engine.builtin_model import resolve_model
 
-        model, tokenizer = _served_name(profile.model), resolve_model(profile.model)
+        client = Client(bench, _served_name(profile.model), resolve_model(profile.model))
         for server in targets if concurrencies else []:  # warm-up: compile, fill caches
-            bench_once(server, model, tokenizer, args, 4, args.out, WARM_UP_PROMPTS)
+            bench_once(server, client, args, 4, args.out, WARM_UP_PROMPTS)
         cells: dict[int, int] = {}
         for conc in concurrencies:
-            cells[conc] = cell_prompts(targets, model, tokenizer, args, conc)
+            cells[conc] = cell_prompts(targets, client, args, conc)
             for rep in range(args.repeats):
                 shift = rep % len(targets)  # each target goes first in turn
                 for server in targets[shift:] + targets[:shift]:
@@ -527,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
                         spies = start_py_spy(
                             server.proc.pid, args.py_spy, args.out, tag, args.py_spy_native
                         )
-                    row = bench_once(server, model, tokenizer, args, conc, args.out, cells[conc])
+                    row = bench_once(server, client, args, conc, args.out, cells[conc])
                     for spy in spies:
                         spy.wait(timeout=args.py_spy + 60)
                     rows.append({"target": server.name, "concurrency": conc, "repeat": rep, **row})

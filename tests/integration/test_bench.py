@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from serve_app.bench.__main__ import main as bench_main
+from serve_app.bench.vllm_cli import BenchClient, PoolTimeout
 from serve_app.engine.builtin_model import ensure_builtin
 from tests.integration.conftest import AppServer
 
@@ -61,22 +62,45 @@ def test_harness_measures_the_app(app_server: AppServer, tmp_path: Path) -> None
     assert where["predicted_ttft_ms"]["p50"] > 0
 
 
-def test_vllm_bench_serve_runs_against_the_app(app_server: AppServer, tmp_path: Path) -> None:
+def _bench_argv(url: str, tmp_path: Path) -> list[str]:
     tokenizer = ensure_builtin("ernie-4.5-tiny")
-    cmd = [sys.executable, "-m", "serve_app.bench.vllm_cli", "bench", "serve"]
-    cmd += ["--backend", "openai", "--base-url", app_server.url, "--endpoint", "/v1/completions"]
-    cmd += ["--model", "ernie-4.5-tiny", "--tokenizer", str(tokenizer), "--dataset-name", "random"]
-    cmd += ["--random-input-len", "64", "--random-output-len", "16", "--num-prompts", "8"]
-    cmd += [
-        "--max-concurrency",
-        "2",
-        "--ignore-eos",
-        "--save-result",
-        "--result-dir",
-        str(tmp_path),
-    ]
-    cmd += ["--result-filename", "vllm.json"]
-    subprocess.run(cmd, check=True, capture_output=True, timeout=240)
-    result = json.loads((tmp_path / "vllm.json").read_text())
-    assert result["completed"] == 8
-    assert result["median_ttft_ms"] > 0 and result["output_throughput"] > 0
+    argv = ["--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions"]
+    argv += ["--model", "ernie-4.5-tiny", "--tokenizer", str(tokenizer), "--dataset-name"]
+    argv += ["random", "--random-input-len", "64", "--random-output-len", "16", "--ignore-eos"]
+    argv += ["--num-prompts", "8", "--max-concurrency", "2", "--save-result"]
+    return [*argv, "--result-dir", str(tmp_path)]
+
+
+def test_vllm_bench_serve_runs_against_the_app(app_server: AppServer, tmp_path: Path) -> None:
+    """vLLM's own client, through its CLI and then twice from the worker the streaming bench
+    keeps up between runs (the same prompts each time: the second run samples none)."""
+    argv = _bench_argv(app_server.url, tmp_path)
+    cli = [sys.executable, "-m", "serve_app.bench.vllm_cli", "bench", "serve"]
+    subprocess.run([*cli, *argv, "--result-filename", "cli.json"], check=True, timeout=240)
+    log = tmp_path / "bench.log"
+    with BenchClient() as client:
+        for name in ("first.json", "second.json"):
+            client.run([*argv, "--result-filename", name], log, timeout_s=240)
+    names = ("cli.json", "first.json", "second.json")
+    results = [json.loads((tmp_path / name).read_text()) for name in names]
+    for result in results:
+        assert result["completed"] == 8
+        assert result["median_ttft_ms"] > 0 and result["output_throughput"] > 0
+    # all three sent the same prompts: the same number of prompt tokens
+    assert len({r["total_input_tokens"] for r in results}) == 1
+    assert log.read_text().count("Serving Benchmark Result") == 2
+
+
+def test_a_bench_run_past_its_timeout_ends_the_worker_and_the_next_one_runs(
+    app_server: AppServer, tmp_path: Path
+) -> None:
+    """Nothing listens at the first address: that run waits for a server (vLLM's ready check)
+    until the client's timeout ends its worker; a new worker runs the next."""
+    nowhere = [*_bench_argv("http://127.0.0.1:9", tmp_path), "--ready-check-timeout-sec", "600"]
+    with BenchClient() as client:
+        with pytest.raises(PoolTimeout):
+            client.run([*nowhere, "--result-filename", "x.json"], tmp_path / "a.log", 20)
+        argv = _bench_argv(app_server.url, tmp_path)
+        client.run([*argv, "--result-filename", "y.json"], tmp_path / "b.log", 240)
+    assert not (tmp_path / "x.json").exists()
+    assert json.loads((tmp_path / "y.json").read_text())["completed"] == 8

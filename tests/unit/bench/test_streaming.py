@@ -9,6 +9,9 @@ from serve_app.bench import servers, streaming
 ROOT = Path(__file__).resolve().parents[3]
 
 
+CLIENT = streaming.Client(None, "m", "t")  # type: ignore[arg-type]  # never runs here
+
+
 def row(target: str, tok_s: float, ttft: float, repeat: int, itl: float = 5.0) -> dict[str, object]:
     """One `vllm bench serve` result as the bench records it (concurrency 4)."""
     return {
@@ -69,17 +72,17 @@ def test_runs_are_sized_to_last_the_minimum_against_the_fastest_server(monkeypat
     rates = {"vllm serve x1": 2.0, "vllm serve x4": 5.0, "app": 4.0}  # requests/s
     piloted: list[tuple[str, int]] = []
 
-    def pilot(server, model, tokenizer, args, conc, out, prompts):  # type: ignore[no-untyped-def]
+    def pilot(server, client, args, conc, out, prompts):  # type: ignore[no-untyped-def]
         piloted.append((server.name, prompts))
         return {"completed": prompts, "duration": prompts / rates[server.name]}
 
     monkeypatch.setattr(streaming, "bench_once", pilot)
     targets = [servers.Server(name, "http://127.0.0.1:1", None) for name in rates]  # type: ignore[arg-type]
     args = argparse.Namespace(num_prompts=0, min_cell_s=20.0, out=Path("."), requests_per_run={})
-    assert streaming.cell_prompts(targets, "m", "t", args, conc=8) == 110  # 5 req/s x 20 s x 1.1
+    assert streaming.cell_prompts(targets, CLIENT, args, conc=8) == 110  # 5 req/s x 20 s x 1.1
     assert piloted == [(name, 32) for name in rates]  # each server once, 4 x concurrency
     args.min_cell_s = 0
-    assert streaming.cell_prompts(targets, "m", "t", args, conc=64) == 256  # 4 x concurrency
+    assert streaming.cell_prompts(targets, CLIENT, args, conc=64) == 256  # 4 x concurrency
 
 
 def test_runs_sized_on_the_command_line_need_no_pilots(monkeypatch) -> None:
@@ -87,8 +90,8 @@ def test_runs_sized_on_the_command_line_need_no_pilots(monkeypatch) -> None:
     args = argparse.Namespace(
         num_prompts=0, min_cell_s=20.0, out=Path("."), requests_per_run={64: 900, 256: 100}
     )
-    assert streaming.cell_prompts([], "m", "t", args, conc=64) == 900
-    assert streaming.cell_prompts([], "m", "t", args, conc=256) == 1024  # at least 4 x conc
+    assert streaming.cell_prompts([], CLIENT, args, conc=64) == 900
+    assert streaming.cell_prompts([], CLIENT, args, conc=256) == 1024  # at least 4 x conc
     assert streaming.conc_counts("64=900,256=100") == {64: 900, 256: 100}
 
 
