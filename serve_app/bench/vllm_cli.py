@@ -18,6 +18,7 @@ import functools
 import importlib.metadata as metadata
 import os
 import sys
+from dataclasses import replace
 from multiprocessing import TimeoutError as PoolTimeout
 from multiprocessing import get_context
 from multiprocessing.pool import Pool
@@ -58,7 +59,9 @@ def _load_bench() -> None:
         key = repr(sorted((k, repr(v)) for k, v in vars(args).items() if k in SAMPLE_ARGS))
         if key not in samples:
             samples[key] = sample(args, tokenizer, **kwargs)
-        return list(samples[key])
+        # the run's own request ids, as a fresh `vllm bench serve` gives them (a new prefix)
+        prefix = args.request_id_prefix
+        return [replace(r, request_id=f"{prefix}{i}") for i, r in enumerate(samples[key])]
 
     tokenizer = functools.cache(vars(serve)["get_tokenizer"])
     vars(serve).update(get_tokenizer=tokenizer, get_samples=get_samples)
