@@ -641,6 +641,13 @@ class OpenAILayer:
                 if watch.first.is_set() and not task.done():
                     yield watch.chunk(None)
             result = await task
+            this = asyncio.current_task()
+            if this is not None and this.cancelling():
+                # Cancelled while vLLM's serving layer ran (the caller left, or the replica
+                # fails its requests as its engine died): vLLM answers a cancelled non-streamed
+                # request with a 400 "Client disconnected" instead of ending cancelled, and that
+                # answer must not reach a client as the request's own error.
+                raise asyncio.CancelledError
         except VLLMEngineDeadError:
             raise
         except _REQUEST_ERRORS as e:  # as vLLM's server answers them

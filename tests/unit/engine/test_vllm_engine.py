@@ -8,8 +8,10 @@ from typing import Any
 
 import pytest
 from vllm import SamplingParams
+from vllm.entrypoints.serve.engine.protocol import ErrorInfo, ErrorResponse
 from vllm.v1.engine.exceptions import EngineGenerateError
 
+from serve_app.engine import vllm_engine
 from serve_app.engine.protocol import ApiCall, ApiKind, EngineDeadError, StreamChunk
 from serve_app.engine.vllm_engine import OpenAILayer, _WatchedClient, engine_stages
 from serve_app.timing import Stage
@@ -102,3 +104,49 @@ def test_a_stream_the_engine_failed_before_output_is_routed_again_once_it_is_dea
     else:
         with pytest.raises(EngineDeadError):
             asyncio.run(chunks())
+
+
+class _SwallowingCompletions:
+    """vLLM's completion serving class on a non-streamed request: a cancellation while it
+    waits for the engine becomes a 400 "Client disconnected" answer, not a cancellation."""
+
+    def __init__(self) -> None:
+        self.waiting = asyncio.Event()
+
+    async def create_completion(self, request: Any, raw: Any) -> Any:
+        watch = vllm_engine._WATCH.get()
+        assert watch is not None
+        watch.first.set()  # its first token is out: the layer now waits for the whole answer
+        self.waiting.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            return ErrorResponse(
+                error=ErrorInfo(message="Client disconnected", type="BadRequestError", code=400)
+            )
+        raise AssertionError("not cancelled")
+
+
+def test_a_request_cancelled_while_vllm_serves_it_ends_cancelled_not_with_vllm_s_400() -> None:
+    """The replica cancels its requests when its engine dies (and Serve cancels one whose caller
+    left): the request must end cancelled, so the replica fails it as an engine failure (503 or
+    routed again), not with the 400 vLLM's layer makes of the cancellation."""
+    completions = _SwallowingCompletions()
+    state = SimpleNamespace(
+        openai_serving_chat=SimpleNamespace(), openai_serving_completion=completions
+    )
+    layer = OpenAILayer(state, _DyingLLM(None))  # type: ignore[arg-type]
+    call = ApiCall(ApiKind.COMPLETION, SimpleNamespace(stream=False, request_id="r1"), [])
+
+    async def main() -> list[StreamChunk]:
+        async def serve() -> list[StreamChunk]:
+            return [chunk async for chunk in layer.serve(call, timed=False)]
+
+        task = asyncio.create_task(serve())
+        await completions.waiting.wait()
+        await asyncio.sleep(0.01)  # the layer has told of the first token and awaits the answer
+        task.cancel()
+        return await task
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(main())
