@@ -464,6 +464,7 @@ async def _load_request(
         out["status"] = r.status
         out["pool"] = r.headers.get("x-serve-pool")
         out["request_id"] = r.headers.get("x-request-id")
+        out["retry_after"] = r.headers.get("retry-after")
         if r.status == 200 and not stream:
             out["ok"] = (await r.json())["usage"]["completion_tokens"] == 48
         elif r.status == 200:
@@ -538,7 +539,13 @@ def test_engine_core_killed_under_load(app_server: AppServer) -> None:
         f"{len(after)} started after, {len(failed_after)} failed"
     )
     assert on_victim, "the load never reached the pool whose engine was killed"
-    assert not failed_after, [_told(o) for o in failed_after[:3]]
+    # Started after the kill: served, or (while the load that pool carried falls on what is
+    # left) shed before any engine with an honest 429 saying the pools are saturated and when
+    # to retry; never a server error, a broken stream or a request lost on the dead engine.
+    shed = [o for o in failed_after if _shed_as_saturated(o)]
+    print(f"{len(shed)} of those refused up front as saturated")
+    assert len(shed) == len(failed_after), [_told(o) for o in failed_after if o not in shed][:3]
+    assert len(after) - len(shed) >= len(after) / 2, "most of the load after the kill was shed"
     assert all(o["pool"] == pool for o in failed_before), [_told(o) for o in failed_before]
     # failed fast, not at a timeout; what each slow one was, to find it in the replicas' logs
     slow = [o | {"after_s": round(o["ended"] - kill, 2)} for o in failed_before]
@@ -557,6 +564,15 @@ def test_engine_core_killed_under_load(app_server: AppServer) -> None:
     recovered = _serving_again(pool, victim.pid, kill)
     print(f"{pool} pool back at full strength {recovered} s after the kill")
     assert recovered is not None
+
+
+def _shed_as_saturated(outcome: dict[str, Any]) -> bool:
+    """A 429 load-shedding refusal: no pool placed, Retry-After set, OpenAI-shaped body whose
+    code says the pools are saturated."""
+    if outcome["status"] != 429 or outcome["pool"] is not None or not outcome["retry_after"]:
+        return False
+    error = json.loads(outcome["error"])["error"]
+    return bool(error["code"] == "saturated" and error["type"] == "rate_limit_error")
 
 
 def _told(outcome: dict[str, Any]) -> str:
