@@ -49,7 +49,15 @@ ROOT = Path(__file__).resolve().parents[2]
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")  # /proc's CPU time unit
 WARM_UP_PROMPTS = 16  # per target before measuring: compile, fill caches
 PILOT_PROMPTS = 16  # per target and concurrency at least, to size the runs
-METRICS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms")
+METRICS = (
+    "output_throughput",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "median_tpot_ms",
+    "median_itl_ms",
+    "mean_itl_ms",
+    "mean_e2el_ms",
+)
 
 
 ROLES = (
@@ -175,6 +183,7 @@ def bench_once(
         "--num-prompts", str(prompts or max(args.num_prompts, 2 * conc)),
         "--max-concurrency", str(conc),
         "--ignore-eos", "--temperature", "0", "--seed", str(args.seed),
+        "--percentile-metrics", "ttft,tpot,itl,e2el",
         "--save-result", "--result-dir", str(out), "--result-filename", name,
     ]  # fmt: skip
     cpu_before = cpu_seconds(server.proc.pid)
@@ -185,6 +194,7 @@ def bench_once(
     result = json.loads((out / name).read_text())
     (out / name).unlink()  # the summary keeps what matters; raw per-request lists are large
     row = {k: result[k] for k in (*METRICS, "completed", "total_output_tokens", "duration")}
+    row["outside_ms"] = outside_latency_ms(row, conc)
     # Where the CPU went during the run, per role of the server's process tree (CPU s per s).
     row["cpu_cores_by_role"] = {
         role: round((cpu_after[role] - cpu_before.get(role, 0.0)) / result["duration"], 3)
@@ -199,6 +209,15 @@ def bench_once(
         for role, threads in threads_after.items()
     }
     return row
+
+
+def outside_latency_ms(row: dict[str, Any], conc: int) -> float:
+    """Mean time a request holds one of the run's `conc` slots outside its latency (request
+    sent to last token): the response's end after its last token (usage, [DONE], the close)
+    and the client's turn to the next request. What a server spends there is lost throughput
+    that TTFT and ITL do not show."""
+    slot_ms = float(row["duration"]) * conc / int(row["completed"]) * 1e3
+    return slot_ms - float(row["mean_e2el_ms"])
 
 
 def cell_prompts(targets: list[Server], client: Client, args: argparse.Namespace, conc: int) -> int:
@@ -281,6 +300,9 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "itl_p50_ms": _spread([r["median_itl_ms"] for r in runs]),
                 "tpot_p50_ms": _spread([r["median_tpot_ms"] for r in runs]),
             }
+            if all("outside_ms" in r for r in runs):  # (not in rows recorded before them)
+                targets[name]["itl_mean_ms"] = _spread([r["mean_itl_ms"] for r in runs])
+                targets[name]["outside_ms"] = _spread([r["outside_ms"] for r in runs])
         vllm = [n for n in names if n.startswith("vllm serve")]
         best = max(vllm, key=lambda n: targets[n]["tok_s"]["mean"])
         ref = {r["repeat"]: r for r in cell if r["target"] == best}
@@ -313,13 +335,17 @@ def _fmt(s: dict[str, float], spec: str) -> str:
     return f"{s['mean']:{spec}} ({s['min']:{spec}}–{s['max']:{spec}})"
 
 
+def _maybe(target: dict[str, Any], key: str, spec: str) -> str:
+    return _fmt(target[key], spec) if key in target else ""
+
+
 def table(summary: list[dict[str, Any]]) -> str:
     """One row per concurrency and target: mean (min–max) over repeats; the app's ratios are
     to the best `vllm serve` of the same repeat."""
     lines = [
-        "| conc | target | runs × requests | tok/s | TTFT p50 ms | ITL p50 ms "
-        "| tok/s ÷ best vllm | TTFT p50 Δ ms | ITL p50 ÷ best vllm |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| conc | target | runs × requests | tok/s | TTFT p50 ms | ITL p50 ms | ITL mean ms "
+        "| ms/request outside latency | tok/s ÷ best vllm | TTFT p50 Δ ms | ITL p50 ÷ best vllm |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summary:
         for name, t in s["targets"].items():
@@ -334,7 +360,8 @@ def table(summary: list[dict[str, Any]]) -> str:
             lines.append(
                 f"| {s['concurrency']} | {label} | {t['runs']} × {t['requests']} "
                 f"| {_fmt(t['tok_s'], ',.0f')} | {_fmt(t['ttft_p50_ms'], '.1f')} "
-                f"| {_fmt(t['itl_p50_ms'], '.1f')} | {ratios} |"
+                f"| {_fmt(t['itl_p50_ms'], '.1f')} | {_maybe(t, 'itl_mean_ms', '.1f')} "
+                f"| {_maybe(t, 'outside_ms', '.1f')} | {ratios} |"
             )
     return "\n".join(lines)
 

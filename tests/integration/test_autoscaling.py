@@ -6,6 +6,7 @@ import asyncio
 import copy
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -33,6 +34,14 @@ TEST_AUTOSCALING = {
         "policy_kwargs": {"target_waiting_per_replica": 2},
     },
 }
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shipped_config_after(app_server: AppServer) -> Iterator[None]:
+    """Each test deploys its own autoscaling config; the shipped one comes back once, after the
+    last (a redeploy restarts every engine)."""
+    yield
+    redeploy(app_server, app_server.config)
 
 
 def running_replicas(dashboard_url: str) -> int:
@@ -92,7 +101,6 @@ def test_queue_depth_scales_the_pool_up_and_back_down(app_server: AppServer) -> 
         )
     finally:
         stop.set()
-        redeploy(app_server, app_server.config)
 
 
 # Neither Serve's ongoing-request target nor the engines' queues can scale the pool here: only
@@ -158,4 +166,3 @@ def test_sustained_refusals_scale_the_pool_up(app_server: AppServer) -> None:
         assert set(statuses) <= {200, 429, 503}, sorted(set(statuses))
     finally:
         stop.set()
-        redeploy(app_server, app_server.config)

@@ -11,6 +11,7 @@ import re
 import signal
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -292,51 +293,6 @@ def _status_soon(c: httpx.Client, path: str, want: int, **kw: Any) -> int:
         time.sleep(0.2)
         status = c.get(path, **kw).status_code
     return status
-
-
-@pytest.fixture
-def keys_configured(app_server: AppServer) -> Iterator[tuple[list[str], Path]]:
-    """The app redeployed with a key file holding two keys; afterwards redeployed as it was
-    (once configured, keys cannot be turned off by emptying the file: they fail closed)."""
-    keys = ["sk-test-one-" + "a" * 24, "sk-test-two-" + "b" * 24]
-    keyfile = app_server.api_keys_file.with_name("api-keys-on")
-    keyfile.write_text("# test keys\n" + "\n".join(keys) + "\n")
-    config = copy.deepcopy(app_server.config)
-    config["applications"][0]["args"]["auth"] = {"api_keys_file": str(keyfile)}
-    redeploy(app_server, config)
-    try:
-        yield keys, keyfile
-    finally:
-        redeploy(app_server, app_server.config)
-        with app_server.client() as c:
-            assert _status_soon(c, "/v1/models", 200) == 200
-
-
-def test_api_keys(app_server: AppServer, keys_configured: tuple[list[str], Path]) -> None:
-    keys, keyfile = keys_configured
-    with app_server.client() as c:
-        assert _status_soon(c, "/v1/models", 401) == 401
-        error = assert_openai_error(c.get("/v1/models"), 401, None)
-        assert error["code"] == "invalid_api_key"
-        wrong = {"authorization": "Bearer sk-test-one-" + "a" * 23 + "x"}
-        assert_openai_error(c.post(C, json={"prompt": "hi"}, headers=wrong), 401, None)
-        no_scheme = {"authorization": keys[0]}
-        assert_openai_error(c.get("/pools", headers=no_scheme), 401, None)
-        for key in keys:
-            r = c.post(
-                C,
-                json={"prompt": "hi", "max_tokens": 2},
-                headers={"authorization": f"Bearer {key}"},
-            )
-            assert r.status_code == 200, r.text
-        assert c.get("/health").status_code == 200  # probes need no key
-        assert c.get("/ready").status_code == 200
-        # a rotation that empties the file (or leaves only comments) must not open the API
-        keyfile.write_text("# rotating\n")
-        time.sleep(2.5)  # the file is re-read within a second of a change
-        assert_openai_error(c.get("/v1/models"), 401, None)
-        ok = c.get("/v1/models", headers={"authorization": f"Bearer {keys[1]}"})
-        assert ok.status_code == 200
 
 
 def test_open_api_is_announced_at_start(app_server: AppServer) -> None:
@@ -627,12 +583,31 @@ def test_a_killed_replica_takes_its_engine_with_it(app_server: AppServer) -> Non
     assert recovered is not None
 
 
-def test_redeploy_lets_in_flight_streams_finish(app_server: AppServer) -> None:
-    """A redeploy replaces every replica; the ones being stopped finish their streams first."""
-    import copy
+# The last tests of the module share one redeploy (each restarts every engine): in flight
+# across it, a stream; after it, API keys on. The shipped config comes back after them.
+
+
+@dataclass
+class Redeployed:
+    keys: list[str]
+    keyfile: Path
+    stream: dict[str, Any]  # the stream in flight when the redeploy began: how it ended
+    redeploy_started: float
+
+
+@pytest.fixture(scope="module")
+def redeployed_with_keys(app_server: AppServer) -> Iterator[Redeployed]:
+    """The app redeployed (a new version: every replica replaced) with a key file holding two
+    keys, while a stream of 1500 tokens was in flight, read to its end; afterwards redeployed
+    as it was (once configured, keys cannot be turned off by emptying the file: they fail
+    closed)."""
     import threading
 
-    from tests.integration.conftest import redeploy
+    keys = ["sk-test-one-" + "a" * 24, "sk-test-two-" + "b" * 24]
+    keyfile = app_server.api_keys_file.with_name("api-keys-on")
+    keyfile.write_text("# test keys\n" + "\n".join(keys) + "\n")
+    changed = copy.deepcopy(app_server.config)
+    changed["applications"][0]["args"]["auth"] = {"api_keys_file": str(keyfile)}
 
     body = {"model": MODEL, "prompt": "Tell me everything", "max_tokens": 1500}
     body |= {"ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
@@ -653,22 +628,56 @@ def test_redeploy_lets_in_flight_streams_finish(app_server: AppServer) -> None:
                     result["error"] = event.get("error") or result.get("error")
         result["ended"] = time.monotonic()
 
-    changed = copy.deepcopy(app_server.config)
-    changed["applications"][0]["args"]["default_max_tokens"] = 255  # new version: all replaced
     worker = threading.Thread(target=stream)
     worker.start()
-    assert first_chunk.wait(60)
-    redeploy_started = time.monotonic()
     try:
+        assert first_chunk.wait(60)
+        redeploy_started = time.monotonic()
         redeploy(app_server, changed)
         worker.join(300)
         assert not worker.is_alive()
-        print(
-            f"\nstream of 1500 tokens across a redeploy: status {result['status']}, "
-            f"{result['usage']}, ended {result['ended'] - redeploy_started:.1f} s after the "
-            "redeploy began"
-        )
-        assert result["status"] == 200 and not result.get("error")
-        assert result["usage"]["completion_tokens"] == 1500
+        yield Redeployed(keys, keyfile, result, redeploy_started)
     finally:
+        worker.join(300)
         redeploy(app_server, app_server.config)
+        with app_server.client() as c:
+            assert _status_soon(c, "/v1/models", 200) == 200
+
+
+def test_redeploy_lets_in_flight_streams_finish(redeployed_with_keys: Redeployed) -> None:
+    """A redeploy replaces every replica; the ones being stopped finish their streams first."""
+    result = redeployed_with_keys.stream
+    print(
+        f"\nstream of 1500 tokens across a redeploy: status {result['status']}, "
+        f"{result['usage']}, ended {result['ended'] - redeployed_with_keys.redeploy_started:.1f} "
+        "s after the redeploy began"
+    )
+    assert result["status"] == 200 and not result.get("error")
+    assert result["usage"]["completion_tokens"] == 1500
+
+
+def test_api_keys(app_server: AppServer, redeployed_with_keys: Redeployed) -> None:
+    keys, keyfile = redeployed_with_keys.keys, redeployed_with_keys.keyfile
+    with app_server.client() as c:
+        assert _status_soon(c, "/v1/models", 401) == 401
+        error = assert_openai_error(c.get("/v1/models"), 401, None)
+        assert error["code"] == "invalid_api_key"
+        wrong = {"authorization": "Bearer sk-test-one-" + "a" * 23 + "x"}
+        assert_openai_error(c.post(C, json={"prompt": "hi"}, headers=wrong), 401, None)
+        no_scheme = {"authorization": keys[0]}
+        assert_openai_error(c.get("/pools", headers=no_scheme), 401, None)
+        for key in keys:
+            r = c.post(
+                C,
+                json={"prompt": "hi", "max_tokens": 2},
+                headers={"authorization": f"Bearer {key}"},
+            )
+            assert r.status_code == 200, r.text
+        assert c.get("/health").status_code == 200  # probes need no key
+        assert c.get("/ready").status_code == 200
+        # a rotation that empties the file (or leaves only comments) must not open the API
+        keyfile.write_text("# rotating\n")
+        time.sleep(2.5)  # the file is re-read within a second of a change
+        assert_openai_error(c.get("/v1/models"), 401, None)
+        ok = c.get("/v1/models", headers={"authorization": f"Bearer {keys[1]}"})
+        assert ok.status_code == 200

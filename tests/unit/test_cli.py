@@ -86,3 +86,20 @@ def test_no_reservation(
         config = shipped_config(["no-such-profile"])
     assert cli.reserve_engine_cpus(config) is None
     assert four_cores == []
+
+
+@pytest.mark.parametrize("first", ["SIGTERM", "SIGINT"])
+def test_sigterm_and_sigint_stop_alike_and_once(first: str) -> None:
+    """Either signal unwinds to the shutdown; both are ignored while it runs."""
+    import signal
+
+    saved = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        cli._stop_on_signals()
+        assert signal.getsignal(signal.SIGTERM) is signal.getsignal(signal.SIGINT)
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), getattr(signal, first))
+        assert signal.getsignal(signal.SIGTERM) == signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, saved[0])
+        signal.signal(signal.SIGINT, saved[1])

@@ -22,8 +22,10 @@ def row(target: str, tok_s: float, ttft: float, repeat: int, itl: float = 5.0) -
         "median_ttft_ms": ttft,
         "median_itl_ms": itl,
         "median_tpot_ms": itl,
+        "mean_itl_ms": itl,
         "completed": 16,
         "duration": 20.0,
+        "outside_ms": 7.0,
     }
 
 
@@ -37,8 +39,14 @@ def test_summary_pairs_runs_by_repeat_and_takes_ratios() -> None:
     assert app["vs_best_vllm"]["ttft_p50_delta_ms"] == {"mean": 2.5, "min": 2.0, "max": 3.0}
     assert app["vs_best_vllm"]["itl_p50_ratio"]["mean"] == 2.0
     text = streaming.table([s])
-    assert "| 4 | app | 2 × 16 | 95 (90–100) |" in text
+    assert "| 4 | app | 2 × 16 | 95 (90–100) | 12.5 (12.0–13.0) | 10.0 | 10.0 | 7.0 |" in text
     assert "| 0.950 (0.900–1.000) | +2.5 (+2.0–+3.0) | 2.00 |" in text
+
+
+def test_time_outside_latency_is_a_slots_time_per_request_less_its_latency() -> None:
+    # 4 slots for 2 s carried 10 requests: 800 ms each, of which 600 ms request to last token
+    r = {"duration": 2.0, "completed": 10, "mean_e2el_ms": 600.0}
+    assert streaming.outside_latency_ms(r, 4) == pytest.approx(200.0)
 
 
 def test_the_app_is_compared_with_the_best_vllm_serve_of_each_repeat() -> None:

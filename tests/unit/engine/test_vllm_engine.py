@@ -150,3 +150,14 @@ def test_a_request_cancelled_while_vllm_serves_it_ends_cancelled_not_with_vllm_s
 
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(main())
+
+
+def test_vllm_s_prometheus_logger_is_dropped_and_the_replica_s_kept() -> None:
+    from vllm.v1.metrics.loggers import PrometheusStatLogger
+
+    prometheus = object.__new__(PrometheusStatLogger)  # (its metrics: never built here)
+    ours = object()
+    llm: Any = SimpleNamespace(logger_manager=SimpleNamespace(stat_loggers=[ours, prometheus]))
+    vllm_engine.drop_prometheus_logger(llm)
+    assert llm.logger_manager.stat_loggers == [ours]
+    vllm_engine.drop_prometheus_logger(SimpleNamespace(logger_manager=None))  # type: ignore[arg-type]
