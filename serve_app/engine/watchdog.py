@@ -27,6 +27,7 @@ import select
 import shutil
 import subprocess
 import sys
+import time
 from typing import IO
 
 import psutil
@@ -79,16 +80,34 @@ def _descendants(parent: psutil.Process, me: int) -> dict[int, psutil.Process]:
 
 def stop(processes: list[psutil.Process], grace_s: float) -> list[int]:
     """SIGTERM, then SIGKILL what outlives the grace period; the pids that needed SIGKILL."""
-    alive = [p for p in processes if p.is_running()]  # psutil checks the pid was not reused
+    alive = [p for p in processes if running(p)]  # psutil checks the pid was not reused
     for p in alive:
         with contextlib.suppress(psutil.Error):
             p.terminate()
-    _, stubborn = psutil.wait_procs(alive, timeout=grace_s)
+    stubborn = wait_ended(alive, grace_s)
     for p in stubborn:
         with contextlib.suppress(psutil.Error):
             p.kill()
-    psutil.wait_procs(stubborn, timeout=grace_s)
+    wait_ended(stubborn, grace_s)
     return [p.pid for p in stubborn]
+
+
+def wait_ended(processes: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Wait until each process is gone or a zombie (ended, but its parent has not collected
+    it: an orphan's new parent may never do so in a container, and waiting for its pid to go
+    would wait out the timeout); those still running. This process's own children are
+    collected."""
+    deadline = time.monotonic() + timeout_s
+    alive = [p for p in processes if running(p)]
+    while alive:
+        for p in alive:
+            with contextlib.suppress(psutil.Error, psutil.TimeoutExpired):
+                p.wait(0)  # collects a child of this process that has ended
+        alive = [p for p in alive if running(p)]
+        if not alive or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    return alive
 
 
 def _orphaned(parent: psutil.Process, first_ppid: int) -> bool:

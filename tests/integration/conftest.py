@@ -22,7 +22,6 @@ import yaml
 from serve_app import haproxy_loopback
 from serve_app.bench.servers import free_ports
 from serve_app.cli import HAPROXY_FILES, descendants, reap, serve_deploy, start_local_ray, wait_ok
-from serve_app.engine.watchdog import running
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 300
@@ -105,17 +104,6 @@ def engine_core_of(pool: str, under: psutil.Process | None = None) -> psutil.Pro
                     if "EngineCore" in " ".join(child.cmdline() or [child.name()]):
                         return child
     raise LookupError(f"no engine core under pool {pool}")
-
-
-def wait_ended(processes: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
-    """Wait until each process is gone or a zombie (ended, but its parent has not collected
-    it: an orphan's new parent may never do so in a container); those still running."""
-    deadline = time.monotonic() + timeout_s
-    alive = [p for p in processes if running(p)]
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.2)
-        alive = [p for p in alive if running(p)]
-    return alive
 
 
 def app_statuses(dashboard_url: str) -> dict[str, Any]:

@@ -28,7 +28,8 @@ import pytest
 import yaml
 
 from serve_app.cli import SERVE_ENV, SERVE_PROXY_ENV
-from tests.integration.conftest import ROOT, engine_core_of, free_ports, wait_ended
+from serve_app.engine.watchdog import wait_ended
+from tests.integration.conftest import ROOT, engine_core_of, free_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from serve_app.engine.watchdog import running, stop
+from serve_app.engine.watchdog import running, stop, wait_ended
 
 # A stand-in for a replica: starts the watchdog (given a directory to remove, when asked), then a
 # child (the "engine core") that ignores SIGTERM when asked, prints the pids and waits to be killed.
@@ -63,7 +63,7 @@ def test_a_killed_process_takes_its_descendants_with_it(
     try:
         proc.send_signal(signal.SIGKILL)  # no cleanup code runs in the replica
         proc.wait(5)
-        _, alive = psutil.wait_procs([engine, dog], timeout=10)
+        alive = wait_ended([engine, dog], timeout_s=10)
         assert not alive, alive
     finally:
         for p in (engine, dog):
@@ -94,7 +94,7 @@ def test_a_replica_whose_raylet_dies_ends_with_its_engine(slow_start: bool, tmp_
     try:
         raylet.kill()
         raylet.wait(5)
-        _, alive = psutil.wait_procs(procs, timeout=10)
+        alive = wait_ended(procs, timeout_s=10)
         assert not alive, alive
     finally:
         for p in procs:
@@ -135,8 +135,7 @@ def test_the_watchdog_removes_the_engines_directory(how: str, tmp_path: Path) ->
             proc.wait(5)
         else:
             assert proc.stdout is not None and proc.stdout.readline().strip() == "released"
-        psutil.wait_procs([engine, dog], timeout=10)
-        assert not running(engine) and not running(dog)
+        assert not wait_ended([engine, dog], timeout_s=10)
         assert not ipc.exists()
     finally:
         proc.kill()
