@@ -30,7 +30,7 @@ from serve_app.chat import launch as chat
 from serve_app.config import AppArgs
 from serve_app.engine import cpu_layout
 from serve_app.engine.priority import cpu_engine_niceness
-from serve_app.engine.watchdog import stop
+from serve_app.engine.watchdog import stop, wait_ended
 from serve_app.profiles import (
     Platform,
     ProfileError,
@@ -346,7 +346,7 @@ def reap(processes: list[psutil.Process], grace_s: float = 15.0) -> list[int]:
     so the next start failed). A terminal's Ctrl-C reached them through the process group; a
     SIGTERM to this process alone (kill, systemd, docker stop, Kubernetes) did not.
     """
-    _, alive = psutil.wait_procs(processes, timeout=grace_s)
+    alive = wait_ended(processes, grace_s)
     if alive:
         names = ", ".join(f"{p.pid} {p.info.get('name')}" for p in psutil.process_iter(["name"])
                           if p in alive)  # fmt: skip
