@@ -1,0 +1,203 @@
+"""Is vLLM's engine core slowed by what runs beside it? Each server as it runs, and with its
+engine-core process alone on one physical core (both hardware threads; every other thread of
+the host kept off it), alternated in one invocation.
+
+    SERVE_APP_SITE=<offline vLLM + Ray install> python docs/results/streaming/own_core.py OUT \
+        --profile h200-stream-frontends4 --concurrency 64 --requests 1100 --repeats 3
+
+On a GPU host both servers' engine cores run one busy Python thread (about a core each) that
+sets the pace of every stream; the app runs ~5 cores of serving processes beside it where
+`vllm serve` runs ~1.5, and its engine steps came out slower with the engine core as busy.
+This starts `vllm serve --api-server-count N` and the app (the streaming bench's servers) and
+drives, in turn each repeat: each server as it runs, then each with its engine core placed on
+a core of its own for that run only. Per run it records the engine core's CPU, its context
+switches, how often its main thread changed CPU and how busy that CPU's other hardware thread
+was (sampled every 50 ms). Prints a line per run and writes them to OUT/own_core.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT))
+
+from serve_app.app import _served_name  # noqa: E402
+from serve_app.bench import servers as bench_servers  # noqa: E402
+from serve_app.bench.streaming import Client, _tree, bench_once  # noqa: E402
+from serve_app.bench.vllm_cli import BenchClient  # noqa: E402
+from serve_app.engine.builtin_model import resolve_model  # noqa: E402
+
+
+def siblings(cpu: int) -> set[int]:
+    """The hardware threads of `cpu`'s physical core."""
+    path = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
+    out: set[int] = set()
+    for part in path.read_text().strip().split(","):
+        lo, _, hi = part.partition("-")
+        out |= set(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def engine_core(server: bench_servers.Server) -> psutil.Process:
+    (core,) = [p for p, role in _tree(server.proc.pid) if role == "engine core"]
+    return core
+
+
+def _tids(pid: int) -> list[int]:
+    return [int(t.name) for t in Path(f"/proc/{pid}/task").glob("*")]
+
+
+@contextmanager
+def own_core(engine: psutil.Process, own: set[int]) -> Iterator[None]:
+    """Every thread of `engine` on `own` and every other thread of the host off it, for the
+    block; each thread changed gets its affinity back after."""
+    mine = set(_tids(engine.pid))
+    saved: dict[int, set[int]] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        for tid in _tids(int(proc.name)) if (proc / "task").exists() else []:
+            try:
+                before = os.sched_getaffinity(tid)
+                after = own if tid in mine else before - own
+                if after and after != before:
+                    os.sched_setaffinity(tid, after)
+                    saved[tid] = before
+            except OSError:  # ended meanwhile, or a kernel thread bound to its CPU
+                continue
+    try:
+        yield
+    finally:
+        for tid, before in saved.items():
+            try:
+                os.sched_setaffinity(tid, before)
+            except OSError:
+                continue
+
+
+def _cpu_busy() -> dict[int, tuple[int, int]]:
+    """(busy, total) jiffies per CPU so far."""
+    out = {}
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("cpu") and line[3].isdigit():
+            name, *fields = line.split()
+            ticks = [int(f) for f in fields]
+            idle = ticks[3] + ticks[4]
+            out[int(name[3:])] = (sum(ticks) - idle, sum(ticks))
+    return out
+
+
+class Sampler(threading.Thread):
+    """Every 50 ms: the CPU the engine core's main thread is on, and how busy the other
+    hardware threads of that core were over the last interval."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.stop = threading.Event()
+        self.cpus: list[int] = []
+        self.sibling_busy: list[float] = []
+
+    def run(self) -> None:
+        before = _cpu_busy()
+        while not self.stop.wait(0.05):
+            try:
+                cpu = int(Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[36])
+            except (OSError, IndexError, ValueError):
+                return
+            now = _cpu_busy()
+            others = siblings(cpu) - {cpu}
+            shares = [(now[c][0] - before[c][0]) / max(1, now[c][1] - before[c][1]) for c in others]
+            self.cpus.append(cpu)
+            if shares:
+                self.sibling_busy.append(sum(shares) / len(shares))
+            before = now
+
+
+def measured(engine: psutil.Process, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    sampler = Sampler(engine.pid)
+    t0, c0, s0 = time.monotonic(), engine.cpu_times(), engine.num_ctx_switches()
+    sampler.start()
+    row = run()
+    sampler.stop.set()
+    sampler.join()
+    dt, c1, s1 = time.monotonic() - t0, engine.cpu_times(), engine.num_ctx_switches()
+    moves = sum(a != b for a, b in zip(sampler.cpus, sampler.cpus[1:], strict=False))
+    busy = sampler.sibling_busy
+    row["engine_core"] = {
+        "cores": round((c1.user + c1.system - c0.user - c0.system) / dt, 3),
+        "voluntary_switches_per_s": round((s1.voluntary - s0.voluntary) / dt, 1),
+        "involuntary_switches_per_s": round((s1.involuntary - s0.involuntary) / dt, 1),
+        "cpu_changes_per_s": round(moves / dt, 2),
+        "cpus_seen": sorted(set(sampler.cpus)),
+        "sibling_busy_mean": round(sum(busy) / len(busy), 3) if busy else None,
+    }
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--profile", default="h200-stream-frontends4")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=1100)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--api-servers", type=int, default=4)
+    args = parser.parse_args()
+    out: Path = args.out
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    bench_args = argparse.Namespace(
+        input_len=165, range_ratio=0.8, output_len=256, num_prompts=0, seed=0, run_timeout_s=300
+    )
+    own = siblings(max(os.sched_getaffinity(0)))
+    rows: list[dict[str, Any]] = []
+    ports = tuple(bench_servers.free_ports(4))
+    with (
+        BenchClient() as bench,
+        bench_servers.servers(
+            args.profile, ports, out / "logs", {}, {}, [], api_servers=[args.api_servers]
+        ) as (targets, profile),
+    ):
+        client = Client(bench, _served_name(profile.model), resolve_model(profile.model))
+        for server in targets:
+            bench_once(server, client, bench_args, 4, out, 16)  # warm-up
+        variants = [(s, False) for s in targets] + [(s, True) for s in targets]
+        for rep in range(args.repeats):
+            shift = rep % len(variants)
+            for server, alone in variants[shift:] + variants[:shift]:
+                engine = engine_core(server)
+                name = f"{server.name}{' own core' if alone else ''}"
+                with own_core(engine, own) if alone else nullcontext():
+                    row = measured(
+                        engine,
+                        lambda s=server: bench_once(
+                            s, client, bench_args, args.concurrency, out, args.requests
+                        ),
+                    )
+                row = {"target": name, "repeat": rep, "own_core": sorted(own), **row}
+                rows.append(row)
+                (out / "own_core.json").write_text(json.dumps(rows, indent=1))
+                print(
+                    f"rep={rep} {name:>24}: {row['output_throughput']:,.0f} tok/s, "
+                    f"TTFT p50 {row['median_ttft_ms']:.1f} ms, "
+                    f"ITL p50 {row['median_itl_ms']:.2f} ms, {row['duration']:.1f} s; "
+                    f"engine core {row['engine_core']}",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()
