@@ -1,18 +1,22 @@
-"""Is vLLM's engine core slowed by what runs beside it? Each server as it runs, and with its
-engine-core process alone on one physical core (both hardware threads; every other thread of
-the host kept off it), alternated in one invocation.
+"""Is vLLM's engine core slowed by what runs beside it? Each server as it runs, with its
+engine-core process alone on one physical core (its hardware threads; every other thread of
+the host kept off it), and with it at nice 0, alternated in one invocation.
 
     SERVE_APP_SITE=<offline vLLM + Ray install> python docs/results/streaming/own_core.py OUT \
-        --profile h200-stream-frontends4 --concurrency 64 --requests 1100 --repeats 3
+        --profile h200-stream-frontends4 --concurrency 64 --requests 1100 --repeats 3 \
+        --placements as-is,own-core,nice-0
 
 On a GPU host both servers' engine cores run one busy Python thread (about a core each) that
 sets the pace of every stream; the app runs ~5 cores of serving processes beside it where
 `vllm serve` runs ~1.5, and its engine steps came out slower with the engine core as busy.
-This starts `vllm serve --api-server-count N` and the app (the streaming bench's servers) and
-drives, in turn each repeat: each server as it runs, then each with its engine core placed on
-a core of its own for that run only. Per run it records the engine core's CPU, its context
-switches, how often its main thread changed CPU and how busy that CPU's other hardware thread
-was (sampled every 50 ms). Prints a line per run and writes them to OUT/own_core.json.
+Ray starts the app's replicas at nice 15 and the engine core a replica starts inherits it,
+where `vllm serve`'s runs at its starter's 0. This starts `vllm serve --api-server-count N` and
+the app (the streaming bench's servers) and drives, in turn each repeat, each server in each
+placement for that run only: as it runs (as-is), its engine core on a core of its own
+(own-core), its engine core's every thread at nice 0 (nice-0). Per run it records the engine
+core's CPU, its niceness, its context switches, how often its main thread changed CPU and how
+busy that CPU's other hardware threads were (sampled every 50 ms). Prints a line per run and
+writes them to OUT/own_core.json.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +91,37 @@ def own_core(engine: psutil.Process, own: set[int]) -> Iterator[None]:
                 continue
 
 
+@contextmanager
+def niceness(engine: psutil.Process, value: int) -> Iterator[None]:
+    """Every thread of `engine` at niceness `value` for the block, then back."""
+    saved: dict[int, int] = {}
+    for tid in _tids(engine.pid):
+        try:
+            saved[tid] = os.getpriority(os.PRIO_PROCESS, tid)
+            os.setpriority(os.PRIO_PROCESS, tid, value)
+        except OSError:
+            continue
+    try:
+        yield
+    finally:
+        for tid, before in saved.items():
+            try:
+                os.setpriority(os.PRIO_PROCESS, tid, before)
+            except OSError:
+                continue
+
+
+def placed(placement: str, engine: psutil.Process, own: set[int]) -> AbstractContextManager[None]:
+    if placement == "own-core":
+        return own_core(engine, own)
+    if placement == "nice-0":
+        return niceness(engine, 0)
+    return nullcontext()
+
+
+PLACEMENTS = ("as-is", "own-core", "nice-0")
+
+
 def _cpu_busy() -> dict[int, tuple[int, int]]:
     """(busy, total) jiffies per CPU so far."""
     out = {}
@@ -143,6 +178,7 @@ def measured(engine: psutil.Process, run: Callable[[], dict[str, Any]]) -> dict[
         "cpu_changes_per_s": round(moves / dt, 2),
         "cpus_seen": sorted(set(sampler.cpus)),
         "sibling_busy_mean": round(sum(busy) / len(busy), 3) if busy else None,
+        "niceness": engine.nice(),
     }
     return row
 
@@ -155,7 +191,11 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=1100)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--api-servers", type=int, default=4)
+    parser.add_argument("--placements", default="as-is,own-core", help=",".join(PLACEMENTS))
     args = parser.parse_args()
+    placements = args.placements.split(",")
+    if unknown := set(placements) - set(PLACEMENTS):
+        parser.error(f"--placements: unknown {sorted(unknown)}; choose from {PLACEMENTS}")
     out: Path = args.out
     (out / "logs").mkdir(parents=True, exist_ok=True)
     bench_args = argparse.Namespace(
@@ -173,13 +213,13 @@ def main() -> None:
         client = Client(bench, _served_name(profile.model), resolve_model(profile.model))
         for server in targets:
             bench_once(server, client, bench_args, 4, out, 16)  # warm-up
-        variants = [(s, False) for s in targets] + [(s, True) for s in targets]
+        variants = [(s, p) for p in placements for s in targets]
         for rep in range(args.repeats):
             shift = rep % len(variants)
-            for server, alone in variants[shift:] + variants[:shift]:
+            for server, placement in variants[shift:] + variants[:shift]:
                 engine = engine_core(server)
-                name = f"{server.name}{' own core' if alone else ''}"
-                with own_core(engine, own) if alone else nullcontext():
+                name = f"{server.name} {placement}"
+                with placed(placement, engine, own):
                     row = measured(
                         engine,
                         lambda s=server: bench_once(
