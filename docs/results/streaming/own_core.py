@@ -63,6 +63,15 @@ def _tids(pid: int) -> list[int]:
     return [int(t.name) for t in Path(f"/proc/{pid}/task").glob("*")]
 
 
+def _restore(saved: dict[int, Any], put: Callable[[int, Any], None]) -> None:
+    """Put each thread's saved setting back (threads that ended meanwhile are skipped)."""
+    for tid, before in saved.items():
+        try:
+            put(tid, before)
+        except OSError:
+            continue
+
+
 @contextmanager
 def own_core(engine: psutil.Process, own: set[int]) -> Iterator[None]:
     """Every thread of `engine` on `own` and every other thread of the host off it, for the
@@ -84,11 +93,7 @@ def own_core(engine: psutil.Process, own: set[int]) -> Iterator[None]:
     try:
         yield
     finally:
-        for tid, before in saved.items():
-            try:
-                os.sched_setaffinity(tid, before)
-            except OSError:
-                continue
+        _restore(saved, os.sched_setaffinity)
 
 
 @contextmanager
@@ -104,11 +109,7 @@ def niceness(engine: psutil.Process, value: int) -> Iterator[None]:
     try:
         yield
     finally:
-        for tid, before in saved.items():
-            try:
-                os.setpriority(os.PRIO_PROCESS, tid, before)
-            except OSError:
-                continue
+        _restore(saved, lambda tid, before: os.setpriority(os.PRIO_PROCESS, tid, before))
 
 
 def placed(placement: str, engine: psutil.Process, own: set[int]) -> AbstractContextManager[None]:
