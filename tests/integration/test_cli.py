@@ -20,7 +20,7 @@ import psutil
 import pytest
 import yaml
 
-from serve_app.engine.watchdog import stop
+from serve_app.engine.watchdog import stop, wait_ended
 from tests.integration.conftest import free_ports, haproxy_ports_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
@@ -80,12 +80,12 @@ def test_stopping_leaves_no_engine_behind(tmp_path: Path, how: str) -> None:
             address = f"http://127.0.0.1:{dashboard}"
             subprocess.run([serve, "shutdown", "-y", "--address", address], env=env,
                            check=True, timeout=120, capture_output=True)  # fmt: skip
-            _, alive = psutil.wait_procs(engines, timeout=60)
+            alive = wait_ended(engines, timeout_s=60)
             assert not alive and proc.poll() is None, alive  # engines gone, Ray still up
             seen = [p for p in seen if p.is_running()]
         proc.send_signal(signal.SIGINT if how == "serve shutdown" else signal.SIGTERM)
         assert proc.wait(timeout=120) == 0, (tmp_path / "run.log").read_text()[-3000:]
-        _, alive = psutil.wait_procs(seen, timeout=30)
+        alive = wait_ended(seen, timeout_s=30)
         assert not alive, [(p.pid, p.name()) for p in alive]
         assert not list(ipc.iterdir())  # no socket left behind
     finally:

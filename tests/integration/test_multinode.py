@@ -7,12 +7,10 @@ stopped by the temporary directory it was started with.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import tempfile
@@ -28,7 +26,7 @@ import pytest
 import yaml
 
 from serve_app.cli import SERVE_ENV, SERVE_PROXY_ENV
-from serve_app.engine.watchdog import wait_ended
+from serve_app.engine.watchdog import stop, wait_ended
 from tests.integration.conftest import ROOT, engine_core_of, free_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -150,14 +148,7 @@ def cluster() -> Iterator[LoopbackCluster]:
         )  # fmt: skip
         yield c
     finally:
-        procs = c.processes()
-        for p in procs:
-            with contextlib.suppress(psutil.Error):
-                p.send_signal(signal.SIGTERM)
-        _, alive = psutil.wait_procs(procs, timeout=15)
-        for p in alive:
-            with contextlib.suppress(psutil.Error):
-                p.kill()
+        stop(c.processes(), grace_s=15)
 
 
 def multinode_config(http_port: int) -> dict[str, Any]:

@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from serve_app.engine.watchdog import wait_ended
 from tests.integration.conftest import AppServer, engine_core_of, redeploy, stream_then_leave
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -565,7 +566,7 @@ def test_a_killed_replica_takes_its_engine_with_it(app_server: AppServer) -> Non
     replica = next(p for p in engine.parents() if "ServeReplica" in " ".join(p.cmdline()))
     killed, wall = time.monotonic(), time.time()
     replica.kill()
-    _, alive = psutil.wait_procs([engine], timeout=15)
+    alive = wait_ended([engine], timeout_s=15)
     ended_s = time.monotonic() - killed
     # the replacement's engine core had not started when the old one was gone
     newer = [
