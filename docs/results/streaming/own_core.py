@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from serve_app.bench import servers as bench_servers  # noqa: E402
 from serve_app.bench.streaming import Client, _tree, bench_once  # noqa: E402
 from serve_app.bench.vllm_cli import BenchClient  # noqa: E402
 from serve_app.engine.builtin_model import resolve_model  # noqa: E402
+from serve_app.engine.priority import set_niceness  # noqa: E402
 
 
 def siblings(cpu: int) -> set[int]:
@@ -101,11 +102,9 @@ def niceness(engine: psutil.Process, value: int) -> Iterator[None]:
     """Every thread of `engine` at niceness `value` for the block, then back."""
     saved: dict[int, int] = {}
     for tid in _tids(engine.pid):
-        try:
+        with suppress(OSError):  # the thread ended meanwhile
             saved[tid] = os.getpriority(os.PRIO_PROCESS, tid)
-            os.setpriority(os.PRIO_PROCESS, tid, value)
-        except OSError:
-            continue
+    set_niceness([engine], value)
     try:
         yield
     finally:
