@@ -17,7 +17,8 @@ import pytest
 from serve_app.engine.watchdog import running, stop, wait_ended
 
 # A stand-in for a replica: starts the watchdog (given a directory to remove, when asked), then a
-# child (the "engine core") that ignores SIGTERM when asked, prints the pids and waits to be killed.
+# child (the "engine core") that ignores SIGTERM when asked, prints the pids and waits to be killed;
+# asked to release, it does so once the test has a handle on both pids (a line on its stdin).
 REPLICA = """
 import subprocess, sys, time
 from serve_app.engine.watchdog import Watchdog
@@ -28,6 +29,7 @@ child = subprocess.Popen([sys.executable, "-c", trap if sys.argv[1] == "stubborn
 time.sleep(0.5)  # one poll of the watchdog's sees the child
 print(dog.pid, child.pid, flush=True)
 if sys.argv[2] == "release":
+    sys.stdin.readline()
     dog.release()
     print("released", flush=True)
 time.sleep(300)
@@ -46,11 +48,18 @@ def start_replica(
     *args: str, env: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen[str], psutil.Process, psutil.Process]:
     proc = subprocess.Popen(
-        [sys.executable, "-c", REPLICA, *args], stdout=subprocess.PIPE, text=True, env=env
+        [sys.executable, "-c", REPLICA, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
     )
-    assert proc.stdout is not None
+    assert proc.stdin is not None and proc.stdout is not None
     dog_pid, child_pid = map(int, proc.stdout.readline().split())
-    return proc, psutil.Process(dog_pid), psutil.Process(child_pid)
+    dog, child = psutil.Process(dog_pid), psutil.Process(child_pid)
+    proc.stdin.write("go\n")  # a releasing replica releases only now: both handles exist
+    proc.stdin.flush()
+    return proc, dog, child
 
 
 @pytest.mark.parametrize("slow_start", [False, True])
