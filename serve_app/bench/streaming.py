@@ -9,7 +9,8 @@ to find vLLM's best configuration), and the app (`serve-app run`, its default HT
 that profile as its only pool. Per concurrency, a pilot run against each server sizes
 the cells: each run has at least 4 x concurrency requests and lasts at least --min-cell-s against
 the fastest server (longer against the others). Then,
-per repeat, `vllm bench serve` runs against each server in turn (the order rotating per repeat),
+per repeat, `vllm bench serve` runs against each server in turn (the order rotating per repeat;
+every server gets the same prompts, and no run repeats another's, so none is a prefix-cache hit),
 and the report gives per concurrency every target's output tok/s, TTFT p50 and median
 inter-token latency (min-max over repeats) and the app's ratios to the best `vllm serve` of the
 same repeat. The app's routing stays on the path (class `batch`: no SLO, so nothing is refused).
@@ -171,9 +172,10 @@ def bench_once(
     conc: int,
     out: Path,
     prompts: int | None = None,
+    seed: int | None = None,
 ) -> dict[str, Any]:
     """One `vllm bench serve` run: `prompts` requests (default --num-prompts, at least 2 x
-    conc) at concurrency conc."""
+    conc) at concurrency conc, their prompts drawn with `seed` (default --seed)."""
     name = f"{server.name.replace(' ', '-')}-c{conc}-{int(time.time() * 1e3)}.json"
     argv = [
         "--backend", "openai", "--base-url", server.url, "--endpoint", "/v1/completions",
@@ -182,7 +184,7 @@ def bench_once(
         "--random-output-len", str(args.output_len),
         "--num-prompts", str(prompts or max(args.num_prompts, 2 * conc)),
         "--max-concurrency", str(conc),
-        "--ignore-eos", "--temperature", "0", "--seed", str(args.seed),
+        "--ignore-eos", "--temperature", "0", "--seed", str(args.seed if seed is None else seed),
         "--percentile-metrics", "ttft,tpot,itl,e2el",
         "--save-result", "--result-dir", str(out), "--result-filename", name,
     ]  # fmt: skip
@@ -211,6 +213,14 @@ def bench_once(
     return row
 
 
+def run_seed(base: int, conc: int, repeat: int | None) -> int:
+    """The prompts' seed of one run: its own per concurrency and repeat (a pilot's, repeat None,
+    its own too), the same for every server. A prompt a server has seen before would be a
+    prefix-cache hit, its prefill skipped: no run repeats an earlier run's prompts, the warm-up's
+    (`base`) included."""
+    return base + 1000 * conc + (0 if repeat is None else 1 + repeat)
+
+
 def outside_latency_ms(row: dict[str, Any], conc: int) -> float:
     """Mean time a request holds one of the run's `conc` slots outside its latency (request
     sent to last token): the response's end after its last token (usage, [DONE], the close)
@@ -232,7 +242,8 @@ def cell_prompts(targets: list[Server], client: Client, args: argparse.Namespace
     pilot_prompts = max(4 * conc, PILOT_PROMPTS)
     rates = []
     for server in targets:
-        pilot = bench_once(server, client, args, conc, args.out, pilot_prompts)
+        seed = run_seed(args.seed, conc, None)
+        pilot = bench_once(server, client, args, conc, args.out, pilot_prompts, seed)
         rates.append(float(pilot["completed"]) / float(pilot["duration"]))
     return max(floor, math.ceil(round(max(rates) * float(args.min_cell_s) * 1.1, 6)))
 
@@ -431,7 +442,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--range-ratio", type=float, default=0.8, help="165±80%%: 33-297 tokens")
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the warm-up's prompts; each later run draws its own from it (see run_seed)",
+    )
     parser.add_argument("--run-timeout-s", type=float, default=600)
     parser.add_argument("--app-env", action="append", default=[], help="KEY=VALUE for the app")
     parser.add_argument("--vllm-env", action="append", default=[], help="KEY=VALUE for vllm serve")
@@ -563,7 +579,8 @@ def main(argv: list[str] | None = None) -> int:
                         spies = start_py_spy(
                             server.proc.pid, args.py_spy, args.out, tag, args.py_spy_native
                         )
-                    row = bench_once(server, client, args, conc, args.out, cells[conc])
+                    seed = run_seed(args.seed, conc, rep)
+                    row = bench_once(server, client, args, conc, args.out, cells[conc], seed)
                     for spy in spies:
                         spy.wait(timeout=args.py_spy + 60)
                     rows.append({"target": server.name, "concurrency": conc, "repeat": rep, **row})

@@ -79,18 +79,35 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
 def test_runs_are_sized_to_last_the_minimum_against_the_fastest_server(monkeypatch) -> None:
     rates = {"vllm serve x1": 2.0, "vllm serve x4": 5.0, "app": 4.0}  # requests/s
     piloted: list[tuple[str, int]] = []
+    seeds: set[int] = set()
 
-    def pilot(server, client, args, conc, out, prompts):  # type: ignore[no-untyped-def]
+    def pilot(server, client, args, conc, out, prompts, seed):  # type: ignore[no-untyped-def]
         piloted.append((server.name, prompts))
+        seeds.add(seed)
         return {"completed": prompts, "duration": prompts / rates[server.name]}
 
     monkeypatch.setattr(streaming, "bench_once", pilot)
     targets = [servers.Server(name, "http://127.0.0.1:1", None) for name in rates]  # type: ignore[arg-type]
-    args = argparse.Namespace(num_prompts=0, min_cell_s=20.0, out=Path("."), requests_per_run={})
+    args = argparse.Namespace(
+        num_prompts=0, min_cell_s=20.0, out=Path("."), requests_per_run={}, seed=0
+    )
     assert streaming.cell_prompts(targets, CLIENT, args, conc=8) == 110  # 5 req/s x 20 s x 1.1
     assert piloted == [(name, 32) for name in rates]  # each server once, 4 x concurrency
+    assert len(seeds) == 1  # the same prompts for every server
     args.min_cell_s = 0
     assert streaming.cell_prompts(targets, CLIENT, args, conc=64) == 256  # 4 x concurrency
+
+
+def test_no_run_repeats_the_prompts_of_another() -> None:
+    """Every run draws its own prompts: a server would answer a repeated prompt from its prefix
+    cache. The warm-up, the pilots and every repeat at every concurrency, for two base seeds."""
+    for base in (0, 7):
+        runs = [base] + [
+            streaming.run_seed(base, conc, rep)
+            for conc in (1, 4, 64, 256)
+            for rep in (None, *range(5))
+        ]
+        assert len(set(runs)) == len(runs)
 
 
 def test_runs_sized_on_the_command_line_need_no_pilots(monkeypatch) -> None:
