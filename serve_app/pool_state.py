@@ -27,6 +27,19 @@ PROTECTED_STALE_AFTER_S = 4 * STATS_PERIOD_S
 
 
 @dataclass(frozen=True, slots=True)
+class IngressPost:
+    """What an ingress tells the board at each refresh, sent with its request for the snapshot:
+    one call, not one per kind of news (a Serve call costs both processes more CPU than
+    what it carries). Empty fields: nothing new; `protected` None: no post (an empty dict
+    withdraws the last one)."""
+
+    ingress_id: str
+    lag_ms_by_pool: Mapping[str, float] | None = None
+    refused: Mapping[str, int] | None = None
+    protected: Mapping[str, Protected] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class PoolSnapshot:
     """A pool's state as the router sees it: sums and means over its live replicas."""
 
@@ -152,6 +165,17 @@ class PoolStateBoard:
         )
         share = self._refused_per_s(report.pool, report.reported_at) / max(replicas, 1)
         return BoardReply(max(lags, default=None), share)
+
+    def exchange(self, post: IngressPost, now: float | None = None) -> Mapping[str, PoolSnapshot]:
+        """An ingress's refresh: take its news, answer the pools' state."""
+        now = time.time() if now is None else now
+        if post.lag_ms_by_pool:
+            self.consumer_lag(post.ingress_id, dict(post.lag_ms_by_pool))
+        if post.refused:
+            self.refused(dict(post.refused), now)
+        if post.protected is not None:
+            self.protect(post.ingress_id, dict(post.protected), now)
+        return self.snapshot(now)
 
     def snapshot(self, now: float | None = None) -> Mapping[str, PoolSnapshot]:
         now = time.time() if now is None else now

@@ -60,6 +60,7 @@ from serve_app.ingress.guard import Guard
 from serve_app.ingress.metrics import IngressMetrics, Outcome, outcome_of
 from serve_app.ingress.schemas import Extensions
 from serve_app.ingress.truncation import TRUNCATED_HEADER
+from serve_app.pool_state import IngressPost
 from serve_app.routing.config import Policy
 from serve_app.routing.estimator import Decoding, Load, Queued
 from serve_app.routing.policy import Decision, Reject, RejectReason, RequestFeatures, RouteTo
@@ -293,7 +294,7 @@ class RequestPipeline:
 
     `pools` maps each pool to a handle of its replicas (`handle.generate.remote(request)`
     streams StreamChunks and can be cancelled), `board` is the pool-state board's handle
-    (`snapshot`, `consumer_lag`, `refused`, `protect`). Call `start()` on the event loop that
+    (`exchange`, pool_state.PoolStateBoard). Call `start()` on the event loop that
     serves.
     """
 
@@ -359,19 +360,19 @@ class RequestPipeline:
         self._channels.stop()
 
     async def refresh(self) -> None:
-        """One exchange with the board: report lag and refusals, take the pools' state."""
-        if self._lag_ms:
-            lags, self._lag_ms = self._lag_ms, {}
-            self._board.consumer_lag.remote(self._ingress_id, lags)
-        if self._refused:
-            refused, self._refused = self._refused, {}
-            self._board.refused.remote(refused)
+        """One exchange with the board: report lag, refusals and what admission protects, take
+        the pools' state. What it carried is lost if the call fails (the next one carries
+        what came since), as a post the board missed would be."""
+        lags, self._lag_ms = self._lag_ms, {}
+        refused, self._refused = self._refused, {}
+        protected = None
         if self._config.routing.protect_across_ingresses:  # else no ingress reads the posts
-            protected = self._router.protected()
-            if protected or self._protecting:  # an empty post withdraws the last one
-                self._board.protect.remote(self._ingress_id, protected)
-                self._protecting = bool(protected)
-        snapshot = await asyncio.wait_for(self._board.snapshot.remote(), BOARD_TIMEOUT_S)
+            now_protected = self._router.protected()
+            if now_protected or self._protecting:  # an empty post withdraws the last one
+                protected = now_protected
+                self._protecting = bool(now_protected)
+        post = IngressPost(self._ingress_id, lags or None, refused or None, protected)
+        snapshot = await asyncio.wait_for(self._board.exchange.remote(post), BOARD_TIMEOUT_S)
         self._router.update(snapshot)
 
     async def _refresh_forever(self) -> None:

@@ -2,6 +2,7 @@ from serve_app.engine.protocol import EngineStats, ReplicaReport
 from serve_app.pool_state import (
     PROTECTED_STALE_AFTER_S,
     REFUSALS_WINDOW_S,
+    IngressPost,
     PoolStateBoard,
     aggregate,
 )
@@ -124,3 +125,17 @@ def test_board_hands_each_pools_protected_requests_with_the_ingress_that_posted_
     board.protect("ingress-1", {"b": one}, now=NOW + 0.5)
     assert board.snapshot(NOW + 0.5)["a"].protected == ()
     assert board.snapshot(NOW + 0.6 + PROTECTED_STALE_AFTER_S)["b"].protected == ()
+
+
+def test_an_ingress_posts_its_news_and_takes_the_snapshot_in_one_exchange() -> None:
+    board = PoolStateBoard(["a", "b"])
+    one = Protected(120.0, (Queued(150, 25, 50, 3000, NOW),))
+    post = IngressPost("ingress-1", {"a": 9.0}, {"a": 10}, {"a": one})
+    snaps = board.exchange(post, now=NOW)
+    assert snaps["a"].protected == (("ingress-1", one),)
+    reply = board.report(report("a", "1", reported_at=NOW))
+    assert reply.consumer_lag_ms == 9.0
+    assert reply.refused_per_s == 10 / REFUSALS_WINDOW_S
+    # no news keeps the last post; an empty one withdraws it
+    assert board.exchange(IngressPost("ingress-1"), now=NOW)["a"].protected == (("ingress-1", one),)
+    assert board.exchange(IngressPost("ingress-1", protected={}), now=NOW)["a"].protected == ()
