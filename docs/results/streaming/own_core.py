@@ -22,6 +22,7 @@ writes them to OUT/own_core.json.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -39,7 +40,13 @@ sys.path.insert(0, str(ROOT))
 
 from serve_app.app import _served_name  # noqa: E402
 from serve_app.bench import servers as bench_servers  # noqa: E402
-from serve_app.bench.streaming import Client, _tree, bench_once  # noqa: E402
+from serve_app.bench.streaming import (  # noqa: E402
+    Client,
+    _tree,
+    bench_once,
+    conc_counts,
+    run_seed,
+)
 from serve_app.bench.vllm_cli import BenchClient  # noqa: E402
 from serve_app.engine.builtin_model import resolve_model  # noqa: E402
 from serve_app.engine.priority import set_niceness  # noqa: E402
@@ -187,8 +194,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--profile", default="h200-stream-frontends4")
-    parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--requests", type=int, default=1100)
+    parser.add_argument("--concurrency", default="64", help="one or more, e.g. 1,4")
+    parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument(
+        "--requests", default="1100", help="per run: N, or CONC=N,... per concurrency"
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--api-servers", type=int, default=4)
     parser.add_argument("--placements", default="as-is,own-core", help=",".join(PLACEMENTS))
@@ -199,7 +209,12 @@ def main() -> None:
     out: Path = args.out
     (out / "logs").mkdir(parents=True, exist_ok=True)
     bench_args = argparse.Namespace(
-        input_len=165, range_ratio=0.8, output_len=256, num_prompts=0, seed=0, run_timeout_s=300
+        input_len=165,
+        range_ratio=0.8,
+        output_len=args.output_len,
+        num_prompts=0,
+        seed=0,
+        run_timeout_s=300,
     )
     own = siblings(max(os.sched_getaffinity(0)))
     rows: list[dict[str, Any]] = []
@@ -214,23 +229,34 @@ def main() -> None:
         for server in targets:
             bench_once(server, client, bench_args, 4, out, 16)  # warm-up
         variants = [(s, p) for p in placements for s in targets]
-        for rep in range(args.repeats):
+        concs = [int(c) for c in args.concurrency.split(",")]
+        per_conc = conc_counts(args.requests) if "=" in args.requests else {}
+        requests = {c: per_conc.get(c, 0) if per_conc else int(args.requests) for c in concs}
+        for conc, rep in itertools.product(concs, range(args.repeats)):
             shift = rep % len(variants)
             for server, placement in variants[shift:] + variants[:shift]:
                 engine = engine_core(server)
                 name = f"{server.name} {placement}"
+                # the same prompts for every server in one placement, none seen before
+                seed = run_seed(0, conc, rep * len(placements) + placements.index(placement))
                 with placed(placement, engine, own):
                     row = measured(
                         engine,
-                        lambda s=server: bench_once(
-                            s, client, bench_args, args.concurrency, out, args.requests
+                        lambda s=server, c=conc, sd=seed: bench_once(
+                            s, client, bench_args, c, out, max(requests[c], 4 * c), sd
                         ),
                     )
-                row = {"target": name, "repeat": rep, "own_core": sorted(own), **row}
+                row = {
+                    "target": name,
+                    "concurrency": conc,
+                    "repeat": rep,
+                    "own_core": sorted(own),
+                    **row,
+                }
                 rows.append(row)
                 (out / "own_core.json").write_text(json.dumps(rows, indent=1))
                 print(
-                    f"rep={rep} {name:>24}: {row['output_throughput']:,.0f} tok/s, "
+                    f"c={conc} rep={rep} {name:>24}: {row['output_throughput']:,.0f} tok/s, "
                     f"TTFT p50 {row['median_ttft_ms']:.1f} ms, "
                     f"ITL p50 {row['median_itl_ms']:.2f} ms, {row['duration']:.1f} s; "
                     f"engine core {row['engine_core']}",
