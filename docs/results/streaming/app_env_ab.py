@@ -2,7 +2,7 @@
 
     python docs/results/streaming/app_env_ab.py OUT --profile low-latency --concurrency 1,4 \
         --requests 1=44,4=137 --output-len 64 --repeats 3 \
-        --variant default= --variant spin-0=SERVE_APP_ENGINE_CORE_SPIN_S=0
+        --variant default= --variant nice-0=SERVE_APP_CPU_ENGINE_NICENESS=0
 
 What an environment variable read at engine start changes cannot be switched between runs of
 one app, and two invocations of the streaming bench differ by more than most changes (the
