@@ -415,6 +415,15 @@ def _env_pairs(items: list[str]) -> dict[str, str]:
     return dict(item.split("=", 1) for item in items)
 
 
+def env_variant(spec: str) -> tuple[str, dict[str, str]]:
+    """`NAME=KEY=VALUE,KEY=VALUE` (`NAME=` for none): a named environment to run the app in
+    (argparse type of the result scripts' --variant)."""
+    name, _, pairs = spec.partition("=")
+    if not name:
+        raise argparse.ArgumentTypeError(f"{spec!r}: expected NAME=KEY=VALUE,... or NAME=")
+    return name, _env_pairs([p for p in pairs.split(",") if p])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m serve_app.bench.streaming", description=__doc__

@@ -27,7 +27,13 @@ sys.path.insert(0, str(ROOT))
 
 from serve_app.app import _served_name  # noqa: E402
 from serve_app.bench import servers as bench_servers  # noqa: E402
-from serve_app.bench.streaming import Client, bench_once, conc_counts, run_seed  # noqa: E402
+from serve_app.bench.streaming import (  # noqa: E402
+    Client,
+    bench_once,
+    conc_counts,
+    env_variant,
+    run_seed,
+)
 from serve_app.bench.vllm_cli import BenchClient  # noqa: E402
 from serve_app.cli import wait_ok  # noqa: E402
 from serve_app.engine.builtin_model import resolve_model  # noqa: E402
@@ -44,15 +50,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
         "--variant",
+        type=env_variant,
         action="append",
         required=True,
         help="NAME=KEY=VALUE,KEY=VALUE (NAME= for none): the app's environment in this variant",
     )
     args = parser.parse_args()
-    variants: dict[str, dict[str, str]] = {}
-    for spec in args.variant:
-        name, _, pairs = spec.partition("=")
-        variants[name] = dict(p.split("=", 1) for p in pairs.split(",") if p)
+    variants: dict[str, dict[str, str]] = dict(args.variant)
     concs = [int(c) for c in args.concurrency.split(",")]
     out: Path = args.out
     (out / "logs").mkdir(parents=True, exist_ok=True)

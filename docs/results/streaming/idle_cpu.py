@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from serve_app.bench import servers as bench_servers  # noqa: E402
-from serve_app.bench.streaming import _tree  # noqa: E402
+from serve_app.bench.streaming import _tree, env_variant  # noqa: E402
 
 
 def _name(proc: psutil.Process, role: str) -> str:
@@ -79,15 +79,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
         "--variant",
+        type=env_variant,
         action="append",
         required=True,
         help="NAME=KEY=VALUE,KEY=VALUE (NAME= for none): the app's environment in this variant",
     )
     args = parser.parse_args()
-    variants: dict[str, dict[str, str]] = {}
-    for spec in args.variant:
-        name, _, pairs = spec.partition("=")
-        variants[name] = dict(p.split("=", 1) for p in pairs.split(",") if p)
+    variants: dict[str, dict[str, str]] = dict(args.variant)
     out: Path = args.out
     (out / "logs").mkdir(parents=True, exist_ok=True)
     runs = []

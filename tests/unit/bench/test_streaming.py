@@ -219,3 +219,10 @@ def test_py_spy_must_be_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(SystemExit, match="py-spy"):
         streaming.start_py_spy(1, 5, tmp_path, "c1")
+
+
+def test_a_variant_names_its_environment() -> None:
+    assert streaming.env_variant("default=") == ("default", {})
+    assert streaming.env_variant("nice-0=A=0,B=x=y") == ("nice-0", {"A": "0", "B": "x=y"})
+    with pytest.raises(argparse.ArgumentTypeError, match="NAME="):
+        streaming.env_variant("=A=0")
