@@ -125,7 +125,8 @@ def main() -> None:
                     for r in rows
                     if (r["variant"], r["concurrency"], r["repeat"]) == (name, conc, rep)
                 }
-                ratios.append(f"{pair['app'] / pair['vllm serve']:.3f}")
+                vllm = pair.get("vllm serve", 0.0)
+                ratios.append(f"{pair.get('app', 0.0) / vllm:.3f}" if vllm else "n/a")
             print(f"  {name:>10} c={conc}: {', '.join(ratios)}")
 
 
