@@ -230,8 +230,11 @@ def main() -> None:
             bench_once(server, client, bench_args, 4, out, 16)  # warm-up
         variants = [(s, p) for p in placements for s in targets]
         concs = [int(c) for c in args.concurrency.split(",")]
-        per_conc = conc_counts(args.requests) if "=" in args.requests else {}
-        requests = {c: per_conc.get(c, 0) if per_conc else int(args.requests) for c in concs}
+        requests = (  # per concurrency; at least 4 x concurrency either way
+            conc_counts(args.requests)
+            if "=" in args.requests
+            else dict.fromkeys(concs, int(args.requests))
+        )
         for conc, rep in itertools.product(concs, range(args.repeats)):
             shift = rep % len(variants)
             for server, placement in variants[shift:] + variants[:shift]:
@@ -243,7 +246,7 @@ def main() -> None:
                     row = measured(
                         engine,
                         lambda s=server, c=conc, sd=seed: bench_once(
-                            s, client, bench_args, c, out, max(requests[c], 4 * c), sd
+                            s, client, bench_args, c, out, max(requests.get(c, 0), 4 * c), sd
                         ),
                     )
                 row = {
