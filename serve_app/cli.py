@@ -35,7 +35,7 @@ from serve_app.profiles import (
     Platform,
     ProfileError,
     detect_platform,
-    engine_threads,
+    engine_cores,
     find_profile,
     load_profile,
     profiles_dir,
@@ -154,40 +154,49 @@ def start_local_ray(
     return f"http://{LOOPBACK}:{dashboard_port}"
 
 
-def engine_cpus(config: dict[str, Any]) -> int:
-    """Cores the config's CPU engines run their model on: each pool's min replicas (at least
-    one) × its threads."""
+def engine_cpus(config: dict[str, Any], platform: Platform) -> int:
+    """Cores the config's engines are given on `platform`: each pool's min replicas (at least
+    one) × its engine's cores (profiles.engine_cores)."""
     count = 0
     for app in config.get("applications", []):
         args = AppArgs.model_validate(app.get("args", {}))
         directory = profiles_dir(args.profiles_dir)
         for name in args.profiles:
-            profile = load_profile(find_profile(name, directory)).resolve(Platform.CPU)
-            count += max(profile.pool.min_replicas, 1) * engine_threads(profile)
+            profile = load_profile(find_profile(name, directory)).resolve(platform)
+            count += max(profile.pool.min_replicas, 1) * engine_cores(profile)
     return count
 
 
+# On a GPU host a core goes to each engine core only where the app keeps at least this many per
+# engine for its serving processes (a GPU profile's 4 per engine used 5-6 cores at 256 streams).
+GPU_SERVING_CORES_PER_ENGINE = 4
+
+
 def reserve_engine_cpus(config: dict[str, Any]) -> cpu_layout.Layout | None:
-    """On a CPU host with cores to spare, cores of the engines' own (engine/cpu_layout.py): this
-    process, and so Ray and every process of the app, moves to the others. Call before Ray
-    starts."""
+    """Cores of the engines' own where the host has cores to spare (engine/cpu_layout.py): on
+    CPU for their model threads, on a GPU host for their engine cores. This process, and so Ray
+    and every process of the app, moves to the others. Call before Ray starts."""
     os.environ.update(SINGLE_NODE_ENV)  # before detect_platform() imports ray
-    if cpu_layout.reservation_off() or detect_platform() is not Platform.CPU:
+    if cpu_layout.reservation_off():
         return None
     try:
-        count = engine_cpus(config)
+        platform = detect_platform()
+        count = engine_cpus(config, platform)
     except (ProfileError, ValidationError, OSError):
         return None  # `serve deploy` says what is wrong with the config
     layout = cpu_layout.plan_here(count)
     if layout is None:
+        return None
+    if platform is not Platform.CPU and len(layout.serving) < GPU_SERVING_CORES_PER_ENGINE * count:
         return None
     lock_dir = tempfile.mkdtemp(prefix="serve-app-cpus-")
     atexit.register(shutil.rmtree, lock_dir, True)
     os.environ[cpu_layout.ENGINE_CPUS_ENV] = cpu_layout.cpu_list(layout.engines)
     os.environ[cpu_layout.ENGINE_CPU_LOCKS_ENV] = lock_dir
     os.sched_setaffinity(0, layout.serving)
+    what = "model threads" if platform is Platform.CPU else "engine cores"
     print(
-        f"serve-app: cores {layout.engines} run the engines' model threads, {layout.serving} "
+        f"serve-app: cores {layout.engines} run the engines' {what}, {layout.serving} "
         f"the rest ({cpu_layout.ENGINE_CPUS_ENV}=off: no reservation)",
         flush=True,
     )

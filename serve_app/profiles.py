@@ -231,6 +231,13 @@ def engine_threads(profile: ResolvedProfile) -> int:
     return max(1, int(profile.pool.num_cpus))
 
 
+def engine_cores(profile: ResolvedProfile) -> int:
+    """Cores reserved for an engine of this profile where `serve-app run` reserves any
+    (engine/cpu_layout.py): on CPU its model's threads; on a GPU the one busy thread of vLLM's
+    engine core (scheduler and kernel launches), which sets the pace of every engine step."""
+    return engine_threads(profile) if profile.platform is Platform.CPU else 1
+
+
 def check_platform(profile: ResolvedProfile) -> None:
     """Refuse, before any engine starts, what the platform's vLLM would refuse later or worse."""
     where = f"profile '{profile.name}' on {profile.platform.value}"

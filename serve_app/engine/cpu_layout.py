@@ -1,4 +1,4 @@
-"""Cores of their own for the CPU engines' model threads.
+"""Cores of their own for the engines: on CPU their model threads, on a GPU their engine cores.
 
 On a CPU host an engine's model runs on OpenMP threads in its worker process, and everything
 else wakes up many times per engine step: vLLM's engine core (the scheduler), the replicas, Ray,
@@ -15,13 +15,22 @@ rather than the replicas' nice 15 (engine/priority.py): on cores of their own th
 the app, and they no longer yield them to whatever else runs on the host, as `vllm serve`'s
 worker does not.
 
-Nothing is reserved where the engines would leave the app no core (two pools on two cores), nor
-with SERVE_APP_ENGINE_CPUS=off; a replica that finds no free reserved core (autoscaling beyond
-min replicas) runs its engine unbound, as without a reservation.
+On a GPU host the step's pace is set by vLLM's engine core instead: one Python thread that
+schedules, launches the kernels and sends the outputs, busy all the time under load. Beside the
+app's serving processes (4-6 cores at high concurrency) it was moved between cores 12-14 times
+a second against `vllm serve`'s 2-3, and on a core of its own it kept pace with `vllm serve`'s
+(docs/results/streaming.md). There each pool's min replicas get one core each; the replica
+claims one and moves its engine core's process, every thread, onto it (pin), at Ray's priority.
+
+Nothing is reserved where the engines would leave the app no core (two pools on two cores), or
+on a GPU host fewer than 4 per engine, nor with SERVE_APP_ENGINE_CPUS=off; a replica that finds
+no free reserved core (autoscaling beyond min replicas) runs its engine unbound, as without a
+reservation.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -111,10 +120,9 @@ def claim(count: int, cpus: list[int], lock_dir: Path) -> Claim | None:
     return Claim(got, held)
 
 
-def bind_engine(count: int) -> Claim | None:
-    """Claim `count` reserved cores for the engine this process is about to start and bind its
-    OpenMP threads to them (through the environment the engine's processes inherit); None, and
-    the environment untouched, where there is no reservation or no free core in it."""
+def claim_reserved(count: int) -> Claim | None:
+    """`count` cores of `serve-app run`'s reservation for the engine this process is about to
+    start; None where there is no reservation or no free core in it."""
     cpus = reserved()
     lock_dir = os.environ.get(ENGINE_CPU_LOCKS_ENV)
     if not cpus or not lock_dir:
@@ -122,11 +130,33 @@ def bind_engine(count: int) -> Claim | None:
     held = claim(count, cpus, Path(lock_dir))
     if held is None:
         logger.info("no free core among the engines' %s: this engine runs unbound", cpus)
+    return held
+
+
+def bind_engine(count: int) -> Claim | None:
+    """Claim `count` reserved cores for the CPU engine this process is about to start and bind
+    its OpenMP threads to them (through the environment the engine's processes inherit); None,
+    and the environment untouched, where there is no reservation or no free core in it."""
+    held = claim_reserved(count)
+    if held is None:
         return None
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_list(held.cpus)
     os.environ["OMP_NUM_THREADS"] = str(count)
     logger.info("engine's model threads bound to cores %s", held.cpus)
     return held
+
+
+def pin(processes: list[psutil.Process], cpus: list[int]) -> None:
+    """Every thread of `processes` on `cpus`; the threads they start later follow (a thread
+    starts with its creator's affinity). Processes and threads gone meanwhile are skipped."""
+    for proc in processes:
+        try:
+            threads = [t.id for t in proc.threads()]
+        except psutil.Error:
+            continue
+        for tid in threads:
+            with contextlib.suppress(ProcessLookupError):
+                os.sched_setaffinity(tid, cpus)
 
 
 def favour_engine(held: Claim) -> None:

@@ -12,6 +12,7 @@ the replica). The import paths that differ between those versions are resolved h
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import inspect
 import logging
@@ -24,6 +25,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import psutil
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import State
 from vllm import SamplingParams
@@ -66,7 +68,7 @@ except ImportError:  # vLLM 0.26
     _REQUEST_ERRORS = (ValueError, TypeError, OverflowError, NotImplementedError, VLLMNotFoundError)
 
 from serve_app.engine.builtin_model import resolve_model
-from serve_app.engine.cpu_layout import Claim, bind_engine, favour_engine
+from serve_app.engine.cpu_layout import Claim, bind_engine, claim_reserved, favour_engine, pin
 from serve_app.engine.priority import cpu_engine_niceness, set_engine_niceness
 from serve_app.engine.protocol import (
     ApiCall,
@@ -216,6 +218,24 @@ def launch_engine_core(engine_args: AsyncEngineArgs, clients: int) -> tuple[Any,
     return manager, slots
 
 
+def _manager_of(llm: AsyncLLM) -> Any:
+    """The manager of the engine core processes `llm` started (None if it started none)."""
+    resources = getattr(llm.engine_core, "resources", None)
+    return getattr(resources, "engine_manager", None)
+
+
+def engine_core_processes(manager: Any) -> list[psutil.Process]:
+    """The engine core processes of vLLM's process manager (its `processes`), those still
+    running."""
+    found = []
+    for proc in getattr(manager, "processes", None) or []:
+        if proc.pid is None:  # not started (psutil.Process(None) is this process)
+            continue
+        with contextlib.suppress(psutil.Error):
+            found.append(psutil.Process(proc.pid))
+    return found
+
+
 class VLLMEngine(Engine):
     """vLLM's AsyncLLM built from a resolved profile.
 
@@ -255,6 +275,8 @@ class VLLMEngine(Engine):
             self._watchdog = Watchdog(remove=self._ipc)
             if self._profile.platform is Platform.CPU:
                 self._cpus = bind_engine(engine_threads(self._profile))
+            else:  # a core for the engine core (engine/cpu_layout.py), once it is up
+                self._cpus = claim_reserved(1)
             if clients > 1:
                 self._core, slots = launch_engine_core(engine_args_for(self._profile), clients)
                 self._llm = self._client(slots[0], factory)
@@ -266,6 +288,8 @@ class VLLMEngine(Engine):
         drop_prometheus_logger(self._llm)
         self._api = await OpenAILayer.start(self._llm, self._profile)
         if self._cpus is not None:
+            if self._profile.platform is not Platform.CPU:
+                pin(engine_core_processes(self._core or _manager_of(self.llm)), self._cpus.cpus)
             favour_engine(self._cpus)
         niceness = cpu_engine_niceness()
         if self._profile.platform is Platform.CPU and niceness is not None and self._slot is None:

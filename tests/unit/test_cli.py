@@ -11,6 +11,7 @@ from ray import serve
 from serve_app import cli
 from serve_app.constants import PLATFORM_ENV
 from serve_app.engine import cpu_layout
+from serve_app.profiles import Platform
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,9 +47,12 @@ def shipped_config(profiles: list[str] | None = None) -> dict[str, Any]:
     return config
 
 
-def test_the_engines_need_a_core_per_pool_replica_and_thread() -> None:
-    assert cli.engine_cpus(shipped_config()) == 2  # low-latency and throughput, 1 x 1 each
-    assert cli.engine_cpus(shipped_config(["low-latency"])) == 1
+@pytest.mark.parametrize("platform", list(Platform))
+def test_the_engines_need_a_core_per_pool_replica_and_thread(platform: Platform) -> None:
+    """On CPU a core per model thread (the shipped profiles' num_cpus 1), on a GPU one per
+    engine core."""
+    assert cli.engine_cpus(shipped_config(), platform) == 2  # low-latency and throughput
+    assert cli.engine_cpus(shipped_config(["low-latency"]), platform) == 1
 
 
 @pytest.fixture
@@ -71,6 +75,18 @@ def test_the_app_moves_off_the_cores_it_reserves_for_its_engines(
     assert four_cores == [{0, 1}]  # Ray, started next, inherits it
     assert os.environ[cpu_layout.ENGINE_CPUS_ENV] == "2,3"
     assert Path(os.environ[cpu_layout.ENGINE_CPU_LOCKS_ENV]).is_dir()
+
+
+@pytest.mark.parametrize(("cores", "reserved"), [(16, [14, 15]), (10, [8, 9]), (9, None)])
+def test_on_a_gpu_host_the_engine_cores_get_cores_where_the_app_keeps_four_per_engine(
+    four_cores: list[set[int]], monkeypatch: pytest.MonkeyPatch, cores: int,
+    reserved: list[int] | None,
+) -> None:  # fmt: skip
+    monkeypatch.setenv(PLATFORM_ENV, "cuda")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    layout = cli.reserve_engine_cpus(shipped_config())  # two pools: two engines
+    assert (layout and layout.engines) == reserved
+    assert four_cores == ([set(range(cores - 2))] if reserved else [])
 
 
 @pytest.mark.parametrize("case", ["off", "no core left", "bad profile"])

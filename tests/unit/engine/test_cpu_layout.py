@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -124,3 +125,35 @@ def test_the_worker_on_the_claimed_cores_runs_at_rays_priority(tmp_path: Path) -
         for proc in (worker, other):
             proc.kill()
             proc.wait()
+
+
+def test_pinning_moves_every_thread_and_the_threads_started_later(tmp_path: Path) -> None:
+    """As the engine core is pinned once it is up: its threads, running and yet to start, on
+    the claimed core alone."""
+    script = (
+        "import sys, threading\n"
+        "threading.Thread(target=threading.Event().wait, daemon=True).start()\n"
+        "sys.stdin.readline()\n"  # pinned now
+        "t = threading.Thread(target=threading.Event().wait, daemon=True); t.start()\n"
+        "print(t.native_id, flush=True)\n"
+        "sys.stdin.readline()\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert child.stdin is not None and child.stdout is not None
+    own = sorted(os.sched_getaffinity(0))[-1:]
+    try:
+        proc = psutil.Process(child.pid)
+        deadline = time.monotonic() + 10
+        while proc.num_threads() < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        cpu_layout.pin([proc], own)
+        child.stdin.write("\n")
+        child.stdin.flush()
+        later = int(child.stdout.readline())
+        threads = [t.id for t in proc.threads()]
+        assert later in threads and len(threads) >= 3
+        assert {tid: os.sched_getaffinity(tid) for tid in threads} == {t: set(own) for t in threads}
+    finally:
+        child.kill()
+        child.wait()

@@ -161,3 +161,25 @@ def test_vllm_s_prometheus_logger_is_dropped_and_the_replica_s_kept() -> None:
     vllm_engine.drop_prometheus_logger(llm)
     assert llm.logger_manager.stat_loggers == [ours]
     vllm_engine.drop_prometheus_logger(SimpleNamespace(logger_manager=None))  # type: ignore[arg-type]
+
+
+def test_the_engine_core_processes_are_read_from_vllm_s_manager() -> None:
+    """The processes a replica pins on a GPU host: those vLLM's manager started, the ended ones
+    left out, nothing without a manager."""
+    import subprocess
+    import sys
+
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    try:
+        manager = SimpleNamespace(processes=[running, ended, SimpleNamespace(pid=None)])
+        found = vllm_engine.engine_core_processes(manager)
+        assert [p.pid for p in found] == [running.pid]
+        assert vllm_engine.engine_core_processes(None) == []
+        llm: Any = SimpleNamespace(engine_core=SimpleNamespace(resources=SimpleNamespace(
+            engine_manager=manager)))  # fmt: skip
+        assert vllm_engine._manager_of(llm) is manager
+    finally:
+        running.kill()
+        running.wait()
