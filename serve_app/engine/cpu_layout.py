@@ -18,9 +18,10 @@ worker does not.
 On a GPU host the step's pace is set by vLLM's engine core instead: one Python thread that
 schedules, launches the kernels and sends the outputs, busy all the time under load. Beside the
 app's serving processes (4-6 cores at high concurrency) it was moved between cores 12-14 times
-a second against `vllm serve`'s 2-3; on a core of its own the app delivered 0.94-1.09 of `vllm
-serve`'s throughput at 64 streams against 0.73-0.95 as it ran (docs/results/streaming.md). There each pool's min replicas get one core each; the replica
-claims one and moves its engine core's process, every thread, onto it (pin), at Ray's priority.
+a second against `vllm serve`'s 2-3, and the app delivered 0.73-0.95 of `vllm serve`'s
+throughput at 64 streams; pinned, 0.96-1.04 (one H100, docs/results/streaming.md). There each
+pool's min replicas get one core each; the replica claims one and moves its engine core's
+process, every thread, onto it (pin), at Ray's priority.
 
 Nothing is reserved where the engines would leave the app no core (two pools on two cores), or
 on a GPU host fewer than 4 per engine, nor with SERVE_APP_ENGINE_CPUS=off; a replica that finds
