@@ -424,6 +424,17 @@ def env_variant(spec: str) -> tuple[str, dict[str, str]]:
     return name, _env_pairs([p for p in pairs.split(",") if p])
 
 
+def add_variant_argument(parser: argparse.ArgumentParser) -> None:
+    """The result scripts' repeatable --variant (env_variant), one or more required."""
+    parser.add_argument(
+        "--variant",
+        type=env_variant,
+        action="append",
+        required=True,
+        help="NAME=KEY=VALUE,KEY=VALUE (NAME= for none): the app's environment in this variant",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m serve_app.bench.streaming", description=__doc__

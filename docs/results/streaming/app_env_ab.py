@@ -29,9 +29,9 @@ from serve_app.app import _served_name  # noqa: E402
 from serve_app.bench import servers as bench_servers  # noqa: E402
 from serve_app.bench.streaming import (  # noqa: E402
     Client,
+    add_variant_argument,
     bench_once,
     conc_counts,
-    env_variant,
     run_seed,
 )
 from serve_app.bench.vllm_cli import BenchClient  # noqa: E402
@@ -48,13 +48,7 @@ def main() -> None:
     parser.add_argument("--requests", type=conc_counts, default={1: 44, 4: 137})
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument(
-        "--variant",
-        type=env_variant,
-        action="append",
-        required=True,
-        help="NAME=KEY=VALUE,KEY=VALUE (NAME= for none): the app's environment in this variant",
-    )
+    add_variant_argument(parser)
     args = parser.parse_args()
     variants: dict[str, dict[str, str]] = dict(args.variant)
     concs = [int(c) for c in args.concurrency.split(",")]

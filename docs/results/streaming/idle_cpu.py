@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from serve_app.bench import servers as bench_servers  # noqa: E402
-from serve_app.bench.streaming import _tree, env_variant  # noqa: E402
+from serve_app.bench.streaming import _tree, add_variant_argument  # noqa: E402
 
 
 def _name(proc: psutil.Process, role: str) -> str:
@@ -77,13 +77,7 @@ def main() -> None:
     parser.add_argument("--settle-s", type=float, default=30)
     parser.add_argument("--sample-s", type=float, default=30)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument(
-        "--variant",
-        type=env_variant,
-        action="append",
-        required=True,
-        help="NAME=KEY=VALUE,KEY=VALUE (NAME= for none): the app's environment in this variant",
-    )
+    add_variant_argument(parser)
     args = parser.parse_args()
     variants: dict[str, dict[str, str]] = dict(args.variant)
     out: Path = args.out

@@ -226,3 +226,12 @@ def test_a_variant_names_its_environment() -> None:
     assert streaming.env_variant("nice-0=A=0,B=x=y") == ("nice-0", {"A": "0", "B": "x=y"})
     with pytest.raises(argparse.ArgumentTypeError, match="NAME="):
         streaming.env_variant("=A=0")
+
+
+def test_the_variant_argument_repeats_and_is_required() -> None:
+    parser = argparse.ArgumentParser()
+    streaming.add_variant_argument(parser)
+    args = parser.parse_args(["--variant", "default=", "--variant", "nice-0=A=0"])
+    assert dict(args.variant) == {"default": {}, "nice-0": {"A": "0"}}
+    with pytest.raises(SystemExit):
+        parser.parse_args([])
