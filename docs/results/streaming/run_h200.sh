@@ -25,7 +25,8 @@ APP_GPU=$(( GPUS > 1 ? 1 : 0 ))
 { nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv
   python3 -c "import vllm, torch, ray; print('vllm', vllm.__version__, 'torch', torch.__version__, 'ray', ray.__version__)"
   echo "cores: $(nproc)"; echo "app on GPU $APP_GPU"; } > "$OUT/device.txt" 2>&1
-python3 -m serve_app.bench.streaming --profile "${PROFILE:-h200-stream-frontends4}" \
+# exec: a `timeout` or SIGTERM reaches the bench itself, which stops the servers on its way out
+exec python3 -m serve_app.bench.streaming --profile "${PROFILE:-h200-stream-frontends4}" \
   --concurrency "${CONC:-64,256,1}" --repeats "${REPEATS:-3}" --min-cell-s 20 \
   --output-len 256 --vllm-api-servers "${API_SERVERS:-1,2,4,8}" \
   --requests-per-run "${REQUESTS:-64=960,256=2300,1=45}" \
