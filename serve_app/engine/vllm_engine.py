@@ -236,6 +236,24 @@ def engine_core_processes(manager: Any) -> list[psutil.Process]:
     return found
 
 
+def pin_engine_core(manager: Any, held: Claim) -> Claim | None:
+    """Every thread of the engine core processes `manager` started on the cores `held`
+    (cpu_layout.pin); where it lists none (no manager, or a vLLM that keeps them elsewhere)
+    the cores go back to the reservation, with a warning, and None is returned."""
+    processes = engine_core_processes(manager)
+    if not processes:
+        logger.warning(
+            "no engine core process found to move onto core(s) %s: released, the engine core "
+            "runs on the cores of the rest",
+            held.cpus,
+        )
+        held.release()
+        return None
+    pin(processes, held.cpus)
+    logger.info("engine core (pid %s) runs on core(s) %s", [p.pid for p in processes], held.cpus)
+    return held
+
+
 class VLLMEngine(Engine):
     """vLLM's AsyncLLM built from a resolved profile.
 
@@ -287,9 +305,9 @@ class VLLMEngine(Engine):
                 )
         drop_prometheus_logger(self._llm)
         self._api = await OpenAILayer.start(self._llm, self._profile)
+        if self._cpus is not None and self._profile.platform is not Platform.CPU:
+            self._cpus = pin_engine_core(self._core or _manager_of(self.llm), self._cpus)
         if self._cpus is not None:
-            if self._profile.platform is not Platform.CPU:
-                pin(engine_core_processes(self._core or _manager_of(self.llm)), self._cpus.cpus)
             favour_engine(self._cpus)
         niceness = cpu_engine_niceness()
         if self._profile.platform is Platform.CPU and niceness is not None and self._slot is None:

@@ -183,3 +183,39 @@ def test_the_engine_core_processes_are_read_from_vllm_s_manager() -> None:
     finally:
         running.kill()
         running.wait()
+
+
+def test_pinning_moves_the_engine_core_or_gives_the_core_back(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With engine core processes listed, they are pinned to the claimed core and the claim is
+    kept; with none, the core goes back to the reservation (another replica can claim it) and a
+    warning says so."""
+    import os
+    import subprocess
+    import sys
+
+    from serve_app.engine import cpu_layout
+
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    held = cpu_layout.claim(1, [cpu], tmp_path)
+    assert held is not None
+    with caplog.at_level("WARNING"):
+        assert vllm_engine.pin_engine_core(None, held) is None
+    assert "no engine core process found" in caplog.text
+    again = cpu_layout.claim(1, [cpu], tmp_path)  # free again
+    assert again is not None
+    again.release()
+
+    core = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        held = cpu_layout.claim(1, [cpu], tmp_path)
+        assert held is not None
+        kept = vllm_engine.pin_engine_core(SimpleNamespace(processes=[core]), held)
+        assert kept is held
+        assert os.sched_getaffinity(core.pid) == {cpu}
+        assert cpu_layout.claim(1, [cpu], tmp_path) is None  # still held
+        held.release()
+    finally:
+        core.kill()
+        core.wait()
