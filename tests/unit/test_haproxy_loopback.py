@@ -1,7 +1,9 @@
 """HAProxy's stats and Prometheus frontends moved to loopback in the config Serve writes."""
 
+import contextlib
 import os
 import subprocess
+import time
 from pathlib import Path
 
 from ray.serve._private.haproxy_templates import HAPROXY_CONFIG_TEMPLATE
@@ -78,3 +80,61 @@ def test_abort_on_close_is_turned_off_and_the_rest_kept() -> None:
 def test_ray_s_template_still_sets_abort_on_close() -> None:
     """If Ray drops the option from its template, this fails and the rewrite can go."""
     assert "    option abortonclose\n" in HAPROXY_CONFIG_TEMPLATE
+
+
+# Starts the launcher as Serve's HAProxy manager would, says HAProxy's pid, then waits.
+PARENT = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.argv[1], "-db", "-f", sys.argv[2]])
+print(child.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_haproxy_ends_when_the_process_that_started_it_is_killed(tmp_path: Path) -> None:
+    """Ray kills Serve's HAProxy manager outright when it stops: the HAProxy it started must
+    not live on under init, holding its ports."""
+    import socket
+    import sys
+
+    import psutil
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(
+        "defaults\n    mode http\n    timeout client 1s\n    timeout connect 1s\n"
+        f"    timeout server 1s\nfrontend http_frontend\n    bind 127.0.0.1:{port}\n"
+    )
+    launcher = haproxy_loopback.write_launcher(tmp_path)
+    env = {**os.environ, haproxy_loopback.BINARY_ENV: str(launcher)}
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(launcher), str(config)],
+                              env=env, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    haproxy = None
+    try:
+        assert parent.stdout is not None
+        haproxy = psutil.Process(int(parent.stdout.readline()))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not _listening(port):
+            time.sleep(0.1)
+        assert _listening(port), "HAProxy did not start"
+        assert haproxy.is_running() and haproxy.ppid() == parent.pid
+        parent.kill()
+        parent.wait()
+        _, alive = psutil.wait_procs([haproxy], timeout=10)
+        assert not alive, "HAProxy outlived the process that started it"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        if haproxy is not None:
+            with contextlib.suppress(psutil.Error):
+                haproxy.kill()
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
