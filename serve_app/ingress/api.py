@@ -158,7 +158,7 @@ class Ingress:
         self._pipeline = RequestPipeline(
             config, streams, board, await _renderer(config), ingress_id
         )
-        self._pipeline.start()
+        await self._pipeline.start()
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         return create_app(self._pipeline)

@@ -339,8 +339,12 @@ class RequestPipeline:
     def renderer(self) -> Renderer:
         return self._tier
 
-    def start(self) -> None:
-        """Begin refreshing the pools' state from the board (routing needs it)."""
+    async def start(self) -> None:
+        """Take the pools' state from the board once, then keep refreshing it (routing needs
+        it). Serve sends a replica requests as soon as it runs: without that first answer an
+        ingress started beside others (scale-up, redeploy) refused its first requests with 503
+        (no pool ready) while its siblings served them. A board that does not answer within
+        BOARD_TIMEOUT_S does not hold the start: the refresh loop keeps asking."""
         if self.guard.key_count:
             logger.info(
                 "API keys: %d configured; requests without a valid key get 401",
@@ -352,6 +356,10 @@ class RequestPipeline:
                 "anyone who can reach it",
                 self._config.auth.api_keys_env,
             )
+        try:
+            await self.refresh()
+        except Exception:
+            logger.warning("pool state: the board did not answer at start", exc_info=True)
         self._refresher = asyncio.get_running_loop().create_task(self._refresh_forever())
 
     def stop(self) -> None:
@@ -376,13 +384,13 @@ class RequestPipeline:
         self._router.update(snapshot)
 
     async def _refresh_forever(self) -> None:
-        while True:
+        while True:  # (start() took the first answer)
+            await asyncio.sleep(STATS_PERIOD_S)
             try:
                 await self.refresh()
             except Exception:
                 # routing goes on with the last known pools (Router.views) until the board is back
                 logger.warning("pool state refresh failed", exc_info=True)
-            await asyncio.sleep(STATS_PERIOD_S)
 
     def _refusal(self, decision: Reject) -> ServeError:
         """Count a routing refusal (metrics; demand for the pool that lacked capacity)."""

@@ -270,7 +270,7 @@ def test_an_ingress_protects_the_requests_another_ingress_admitted(app_server: A
         with httpx.stream(
             "POST", f"{one}/v1/completions", json=body, headers=headers, timeout=120
         ) as streamed:
-            assert streamed.status_code == 200
+            assert streamed.status_code == 200, streamed.read()[:500]
             chunks = streamed.iter_lines()
             next(chunks)  # its first token: it decodes now
             deadline = time.monotonic() + 3  # a few board round trips (0.25 s each way)

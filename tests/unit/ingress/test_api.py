@@ -18,7 +18,7 @@ import pytest
 import uvicorn
 
 from serve_app.app import ingress_config, resolve_profiles
-from serve_app.config import AppArgs
+from serve_app.config import AppArgs, IngressConfig
 from serve_app.engine.fake import FakeEngine, FakeRenderer
 from serve_app.engine.replica import EngineReplica
 from serve_app.ingress.api import create_app
@@ -40,7 +40,10 @@ class LocalApp:
 
 
 @asynccontextmanager
-async def local_app(**raw: Any) -> AsyncIterator[LocalApp]:
+async def fake_pools(
+    **raw: Any,
+) -> AsyncIterator[tuple[IngressConfig, PoolStateBoard, dict[str, EngineReplica]]]:
+    """The fake engine's pool replicas, reporting to a board, behind in-process handles."""
     args = AppArgs.model_validate(
         {"profiles": ["low-latency", "throughput"], "engine": "fake", **raw}
     )
@@ -54,12 +57,26 @@ async def local_app(**raw: Any) -> AsyncIterator[LocalApp]:
         replica = EngineReplica.__new__(EngineReplica)
         await replica.__init__(profile, LocalHandle(board), FakeEngine)  # type: ignore[misc]
         replicas[profile.name] = replica
-    config = ingress_config(args, profiles)
-    handles = {name: LocalHandle(r) for name, r in replicas.items()}
-    pipeline = RequestPipeline(config, handles, LocalHandle(board), FakeRenderer("fake-model"))
     await asyncio.sleep(0.05)  # the replicas' first reports reach the board
-    await pipeline.refresh()
-    pipeline.start()
+    try:
+        yield ingress_config(args, profiles), board, replicas
+    finally:
+        for replica in replicas.values():
+            replica.__del__()
+
+
+@asynccontextmanager
+async def local_app(**raw: Any) -> AsyncIterator[LocalApp]:
+    async with fake_pools(**raw) as (config, board, replicas):
+        handles = {name: LocalHandle(r) for name, r in replicas.items()}
+        pipeline = RequestPipeline(config, handles, LocalHandle(board), FakeRenderer("fake-model"))
+        await pipeline.start()
+        async with _served(pipeline) as url:
+            yield LocalApp(url, {name: r._engine for name, r in replicas.items()})  # type: ignore[misc]
+
+
+@asynccontextmanager
+async def _served(pipeline: RequestPipeline) -> AsyncIterator[str]:
     server = uvicorn.Server(
         uvicorn.Config(create_app(pipeline), host="127.0.0.1", port=0, log_level="warning")
     )
@@ -67,15 +84,34 @@ async def local_app(**raw: Any) -> AsyncIterator[LocalApp]:
     while not server.started:  # noqa: ASYNC110 (uvicorn says so by a flag only)
         await asyncio.sleep(0.01)
     port = server.servers[0].sockets[0].getsockname()[1]
-    engines = {name: r._engine for name, r in replicas.items()}
     try:
-        yield LocalApp(f"http://127.0.0.1:{port}", engines)  # type: ignore[arg-type]
+        yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         await serving
         pipeline.stop()
-        for replica in replicas.values():
-            replica.__del__()
+
+
+class _SilentBoard:
+    async def exchange(self, post: Any) -> Any:
+        await asyncio.sleep(3600)
+
+
+async def test_an_ingress_knows_the_pools_once_started() -> None:
+    """Serve routes to a replica as soon as it runs: its start takes the board's first answer,
+    or a new ingress beside others refuses its first requests (503, no pool ready). A board
+    that does not answer does not hold the start."""
+    async with fake_pools() as (config, board, replicas):
+        handles = {name: LocalHandle(r) for name, r in replicas.items()}
+        pipeline = RequestPipeline(config, handles, LocalHandle(board), FakeRenderer("m"))
+        await pipeline.start()
+        ready = pipeline.ready()  # nothing has run since start: no refresh of the loop's
+        pipeline.stop()
+        assert ready.status_code == 200, ready.body
+        silent = RequestPipeline(config, handles, LocalHandle(_SilentBoard()), FakeRenderer("m"))
+        await asyncio.wait_for(silent.start(), timeout=10)
+        silent.stop()
+        assert silent.ready().status_code == 503
 
 
 async def test_a_completion_and_a_chat_completion() -> None:
