@@ -67,10 +67,9 @@ def config_file(argv: list[str]) -> Path | None:
 
 # Serve's HAProxy manager (a Ray actor) starts HAProxy and stops it when Serve shuts down, but
 # Ray kills its actors outright when it stops (`ray stop`, `ray.shutdown()`, a driver that dies
-# in its shutdown): HAProxy then lives on, reparented to init, holding the HTTP port, its stats
-# and metrics ports and its admin socket, and the next start on that port fails. Seen after
-# `serve-app run` was stopped by SIGTERM while Ray's control processes were busy, and after a
-# test suite's run: an HAProxy reloaded with -sf under init, serving nothing.
+# in its shutdown): HAProxy then lives on, reparented to init, still listening on the HTTP,
+# stats and metrics ports. Seen after `serve-app run` was stopped by SIGTERM while Ray's control
+# processes were busy, and after a test suite's run (an HAProxy reloaded with -sf, under init).
 _PR_SET_PDEATHSIG = 1
 
 

@@ -342,9 +342,9 @@ class RequestPipeline:
     async def start(self) -> None:
         """Take the pools' state from the board once, then keep refreshing it (routing needs
         it). Serve sends a replica requests as soon as it runs: without that first answer an
-        ingress started beside others (scale-up, redeploy) refused its first requests with 503
-        (no pool ready) while its siblings served them. A board that does not answer within
-        BOARD_TIMEOUT_S does not hold the start: the refresh loop keeps asking."""
+        ingress started beside others (scale-up, redeploy) sees no pool ready and refuses its
+        first requests with 503 while its siblings serve them. A board that does not answer
+        within BOARD_TIMEOUT_S does not hold the start: the refresh loop keeps asking."""
         if self.guard.key_count:
             logger.info(
                 "API keys: %d configured; requests without a valid key get 401",
