@@ -1,14 +1,19 @@
-"""HAProxy's stats and Prometheus frontends moved to loopback in the config Serve writes."""
+"""HAProxy as Serve runs it through the launcher: its stats and Prometheus frontends moved to
+loopback in the config Serve writes, and its end with the process that started it."""
 
 import contextlib
 import os
+import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
+import psutil
 from ray.serve._private.haproxy_templates import HAPROXY_CONFIG_TEMPLATE
 
 from serve_app import haproxy_loopback
+from serve_app.bench.servers import free_port
 
 # the lines Ray 2.60's template writes (ray/serve/_private/haproxy_templates.py)
 CONFIG = """\
@@ -94,14 +99,7 @@ time.sleep(120)
 def test_haproxy_ends_when_the_process_that_started_it_is_killed(tmp_path: Path) -> None:
     """Ray kills Serve's HAProxy manager outright when it stops: the HAProxy it started must
     not live on under init, holding its ports."""
-    import socket
-    import sys
-
-    import psutil
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     config = tmp_path / "haproxy.cfg"
     config.write_text(
         "defaults\n    mode http\n    timeout client 1s\n    timeout connect 1s\n"
@@ -134,7 +132,5 @@ def test_haproxy_ends_when_the_process_that_started_it_is_killed(tmp_path: Path)
 
 
 def _listening(port: int) -> bool:
-    import socket
-
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
