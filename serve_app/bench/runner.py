@@ -111,7 +111,8 @@ async def run_workload(
     sampler = asyncio.create_task(probe.sample_forever())
     lag = LoopLag()
     lag_sampler = asyncio.create_task(lag.sample_forever())
-    bar = tqdm(total=len(specs), desc=target.name, disable=not progress, leave=False)
+    # disable=None: a bar on a terminal only, not in a log file
+    bar = tqdm(total=len(specs), desc=target.name, disable=None if progress else True, leave=False)
     started = time.monotonic()
     deadline = started + workload.duration_s
     try:

@@ -72,10 +72,10 @@ def table(rows: list[dict[str, Any]], key: str = "ttft_stages") -> str:
         return ""
     names = [n for n in ORDER if any(n in r[key]["stages"] for r in present)]
     lines = [
-        "| target | conc/rate | n | client TTFT mean ms | predicted p50 ms | "
+        "| target | conc/rate | repeat | n | client TTFT mean ms | predicted p50 ms | "
         + " | ".join(names)
         + " |",
-        "|---|---|---|---|---|" + "---|" * len(names),
+        "|---|---|---|---|---|---|" + "---|" * len(names),
     ]
     for r in present:
         b = r[key]
@@ -85,7 +85,8 @@ def table(rows: list[dict[str, Any]], key: str = "ttft_stages") -> str:
             cells.append("–" if st is None else f"{st['mean']:.1f} ({st['share']:.0%})")
         predicted = b["predicted_ttft_ms"]["p50"]
         lines.append(
-            f"| {r['target']} | {r.get('concurrency') or r.get('rate')} | {b['n']} | "
+            f"| {r['target']} | {r.get('concurrency') or r.get('rate')} | "
+            f"{r.get('repeat', '–')} | {b['n']} | "
             f"{b['client_ttft_ms_mean']:.1f} | "
             f"{'–' if predicted is None else f'{predicted:.1f}'} | " + " | ".join(cells) + " |"
         )

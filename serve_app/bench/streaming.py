@@ -255,9 +255,13 @@ def run_harness(
     servers: list[Server],
     out: Path,
     gpu_memory_utilization: float | None,
+    engine: bool = True,
+    repeats: int = 1,
 ) -> None:
-    """The bench's own client (serve_app.bench) against the bare engine, in this process, and
-    every server: the same workload, the same request timing, at each concurrency in turn."""
+    """The bench's own client (serve_app.bench) against the bare engine, in this process (unless
+    `engine` is off), and every server: the same workload, the same request timing, at each
+    concurrency in turn, `repeats` times. Ratios are to the bare engine, or without it to the
+    first server."""
     from serve_app.bench import stages
     from serve_app.bench.report import markdown_table, ratio_table, write_outputs
     from serve_app.bench.runner import run_targets, workloads_for
@@ -265,11 +269,11 @@ def run_harness(
     from serve_app.bench.workload import Arrival, load_workload
 
     if gpu_memory_utilization is not None:  # it shares a GPU with one of the servers
-        engine = profile.engine.model_copy(
+        engine_args = profile.engine.model_copy(
             update={"gpu_memory_utilization": gpu_memory_utilization}
         )
-        profile = profile.model_copy(update={"engine": engine})
-    targets: list[Target] = [EngineTarget(profile, name="bare engine")]
+        profile = profile.model_copy(update={"engine": engine_args})
+    targets: list[Target] = [EngineTarget(profile, name="bare engine")] if engine else []
     # No SLO class header: the app takes its default class (batch here, as for `vllm bench
     # serve`), so nothing is refused and every target serves the same requests.
     targets += [HTTPTarget(s.url, s.name, send_slo_class=False) for s in servers]
@@ -279,9 +283,13 @@ def run_harness(
     warm = base.model_copy(update={"requests": 8}).with_arrival(
         Arrival(kind="closed", concurrency=4)
     )
-    rows = asyncio.run(run_targets(targets, [warm, *workloads_for(base, concurrency, None)], 1))
-    rows = rows[len(targets) :]
-    ratios = ratio_table(rows, "bare engine")
+
+    async def both() -> list[dict[str, Any]]:
+        await run_targets(targets, [warm], 1)
+        return await run_targets(targets, workloads_for(base, concurrency, None), repeats)
+
+    rows = asyncio.run(both())
+    ratios = ratio_table(rows, targets[0].name)
     where = "Where the app's first tokens' time went (mean ms, share of client TTFT):\n\n"
     where += stages.table(rows)
     write_outputs(rows, out, "harness", "\n" + ratios + "\n\n" + where + "\n")
@@ -524,6 +532,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--harness-concurrency", default="1,64,256")
     parser.add_argument(
+        "--harness-engine",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the harness drives the bare engine too (--no-harness-engine: the servers alone; "
+        "ratios then to the first server)",
+    )
+    parser.add_argument("--harness-repeats", type=int, default=1)
+    parser.add_argument(
         "--harness-gpu-memory-utilization",
         type=float,
         help="for the bare engine, when it shares a GPU with a server",
@@ -592,7 +608,8 @@ def main(argv: list[str] | None = None) -> int:
             cells[conc] = cell_prompts(targets, client, args, conc)
             for rep in range(args.repeats):
                 shift = rep % len(targets)  # each target goes first in turn
-                for server in targets[shift:] + targets[:shift]:
+                order = targets[shift:] + targets[:shift]
+                for server in order:
                     spies = []
                     if args.py_spy and server.name == "app" and rep == 0:
                         tag = f"c{conc}"
@@ -616,8 +633,9 @@ def main(argv: list[str] | None = None) -> int:
                     for role, threads in row["cpu_cores_by_thread"].items():
                         top = ", ".join(f"{k} {v:.2f}" for k, v in list(threads.items())[:4])
                         print(f"    {role} threads: {top}", flush=True)
-            # written as each concurrency ends: a run cut short keeps what it measured
-            write_report(args, profile, app_env, started, rows, cells)
+                    # written after every run: a run cut short keeps what it measured
+                    last = rep == args.repeats - 1 and server is order[-1]
+                    write_report(args, profile, app_env, started, rows, cells, show=last)
         if args.harness:
             run_harness(
                 args.harness,
@@ -626,6 +644,8 @@ def main(argv: list[str] | None = None) -> int:
                 targets,
                 args.out,
                 args.harness_gpu_memory_utilization,
+                engine=args.harness_engine,
+                repeats=args.harness_repeats,
             )
     return 0
 
@@ -637,6 +657,7 @@ def write_report(
     started: float,
     rows: list[dict[str, Any]],
     cells: dict[int, int],
+    show: bool = True,
 ) -> None:
     summary = summarize(rows)
     report = {
@@ -651,7 +672,8 @@ def write_report(
     (args.out / "streaming.json").write_text(json.dumps(report, indent=2))
     (args.out / "streaming.md").write_text(table(summary) + "\n")
     plot(summary, args.out / "streaming.png", f"app vs vllm serve, profile {args.profile}")
-    print(table(summary), flush=True)
+    if show:
+        print(table(summary), flush=True)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,10 @@
 # at a time). CONC, REPEATS, API_SERVERS and REQUESTS (requests per run, CONC=N,...: sized from
 # the rates measured before, so no pilot runs) and PROFILE override. PY_SPY_S=N samples the app's
 # pool and ingress replicas with py-spy for N s in its first run at each concurrency (PY_SPY_NATIVE=1:
-# with C/C++ frames).
+# with C/C++ frames). HARNESS=WORKLOAD then runs that workload with serve_app.bench's own client
+# against every server, REPEATS times at HARNESS_CONC (default 1): each server's TTFT as that
+# client sees it, and the app's per-request Server-Timing stages (where its first tokens' time
+# went), e.g. HARNESS=workloads/ttft-gpu.yaml.
 set -euo pipefail
 : "${SERVE_APP_SITE:?names the offline vLLM + Ray install (the directory holding env.sh)}"
 OUT=${1:?usage: run_h200.sh OUT_DIR}
@@ -31,4 +34,6 @@ exec python3 -m serve_app.bench.streaming --profile "${PROFILE:-h200-stream-fron
   --output-len 256 --vllm-api-servers "${API_SERVERS:-1,2,4,8}" \
   --requests-per-run "${REQUESTS:-64=960,256=2300,1=45}" \
   --vllm-env CUDA_VISIBLE_DEVICES=0 --app-env CUDA_VISIBLE_DEVICES=$APP_GPU \
-  ${PY_SPY_S:+--py-spy "$PY_SPY_S"} ${PY_SPY_NATIVE:+--py-spy-native} --out "$OUT" > "$OUT/bench.txt" 2>&1
+  ${PY_SPY_S:+--py-spy "$PY_SPY_S"} ${PY_SPY_NATIVE:+--py-spy-native} \
+  ${HARNESS:+--harness "$HARNESS" --harness-concurrency "${HARNESS_CONC:-1}" --no-harness-engine} \
+  ${HARNESS:+--harness-repeats "${REPEATS:-3}"} --out "$OUT" > "$OUT/bench.txt" 2>&1

@@ -27,8 +27,10 @@ def test_shares_of_the_client_ttft_add_up_with_what_lies_outside() -> None:
     assert stages["queue"]["mean"] == 9.0 and stages["queue"]["share"] == pytest.approx(0.45)
     assert stages["outside"]["mean"] == 2.0
     assert sum(s["share"] for s in stages.values()) == pytest.approx(1.0)
-    assert "| app | 4 | 2 | 20.0 |" in table([{"target": "app", "concurrency": 4,
-                                               "ttft_stages": b}])  # fmt: skip
+    assert "| app | 4 | – | 2 | 20.0 |" in table([{"target": "app", "concurrency": 4,
+                                                   "ttft_stages": b}])  # fmt: skip
+    assert "| app | 4 | 2 | 2 | 20.0 |" in table([{"target": "app", "concurrency": 4,
+                                                   "repeat": 2, "ttft_stages": b}])  # fmt: skip
 
 
 def test_a_stage_some_requests_skipped_counts_zero_for_them() -> None:
