@@ -16,7 +16,7 @@
 # with C/C++ frames). HARNESS=WORKLOAD then runs that workload with serve_app.bench's own client
 # against every server, REPEATS times at HARNESS_CONC (default 1): each server's TTFT as that
 # client sees it, and the app's per-request Server-Timing stages (where its first tokens' time
-# went), e.g. HARNESS=workloads/ttft-gpu.yaml.
+# went), e.g. HARNESS=workloads/ttft-gpu.yaml (with CONC= empty: the harness alone).
 set -euo pipefail
 : "${SERVE_APP_SITE:?names the offline vLLM + Ray install (the directory holding env.sh)}"
 OUT=${1:?usage: run_h200.sh OUT_DIR}
@@ -30,7 +30,7 @@ APP_GPU=$(( GPUS > 1 ? 1 : 0 ))
   echo "cores: $(nproc)"; echo "app on GPU $APP_GPU"; } > "$OUT/device.txt" 2>&1
 # exec: a `timeout` or SIGTERM reaches the bench itself, which stops the servers on its way out
 exec python3 -m serve_app.bench.streaming --profile "${PROFILE:-h200-stream-frontends4}" \
-  --concurrency "${CONC:-64,256,1}" --repeats "${REPEATS:-3}" --min-cell-s 20 \
+  --concurrency "${CONC-64,256,1}" --repeats "${REPEATS:-3}" --min-cell-s 20 \
   --output-len 256 --vllm-api-servers "${API_SERVERS:-1,2,4,8}" \
   --requests-per-run "${REQUESTS:-64=960,256=2300,1=45}" \
   --vllm-env CUDA_VISIBLE_DEVICES=0 --app-env CUDA_VISIBLE_DEVICES=$APP_GPU \
