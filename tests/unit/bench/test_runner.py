@@ -3,7 +3,13 @@ import time
 
 from serve_app.bench.memory import MemoryProbe
 from serve_app.bench.report import markdown_table, ratio_table
-from serve_app.bench.runner import conc_counts, run_workload, summarize, workloads_for
+from serve_app.bench.runner import (
+    conc_counts,
+    run_targets,
+    run_workload,
+    summarize,
+    workloads_for,
+)
 from serve_app.bench.targets import Sample
 from serve_app.bench.workload import Arrival, Lengths, RequestSpec, Workload
 from serve_app.routing.config import SLOClass
@@ -94,3 +100,21 @@ def test_requests_per_concurrency_size_each_closed_loop() -> None:
     runs = workloads_for(WORKLOAD, "1,16,256", None, conc_counts("256=2560,16=480"))
     assert [(w.arrival.concurrency, w.requests) for w in runs] == [(1, 20), (16, 480), (256, 2560)]
     assert [w.requests for w in workloads_for(WORKLOAD, "4", None)] == [20]
+
+
+class NamedTarget(FakeTarget):
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def test_each_repeat_starts_with_the_next_target() -> None:
+    targets = [NamedTarget("a"), NamedTarget("b"), NamedTarget("c")]
+    short = WORKLOAD.model_copy(update={"requests": 3})
+    rows = asyncio.run(run_targets(targets, [short], 4))  # type: ignore[arg-type]
+    order = [(r["repeat"], r["target"]) for r in rows]
+    assert order == [
+        (0, "a"), (0, "b"), (0, "c"),
+        (1, "b"), (1, "c"), (1, "a"),
+        (2, "c"), (2, "a"), (2, "b"),
+        (3, "a"), (3, "b"), (3, "c"),
+    ]  # fmt: skip
