@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from tqdm import tqdm
 
@@ -215,12 +215,21 @@ def workloads_for(
     ]
 
 
+T = TypeVar("T")
+
+
+def rotated(items: list[T], repeat: int) -> list[T]:
+    """The order of a repeat's turn: each item goes first in turn (repeat 0: as given), so a
+    machine that drifts over an invocation favours none of them."""
+    shift = repeat % len(items) if items else 0
+    return items[shift:] + items[:shift]
+
+
 async def run_targets(
     targets: list[Target], workloads: list[Workload], repeats: int
 ) -> list[dict[str, Any]]:
-    """Every (workload, repeat) runs each target in turn, the first of the last turn going
-    last in the next (a machine that drifts over the invocation favours none of them); repeats
-    stay separate rows."""
+    """Every (workload, repeat) runs each target in turn, in `rotated` order; repeats stay
+    separate rows."""
     probe_rows: list[dict[str, Any]] = []
     for target in targets:
         await target.start()
@@ -228,8 +237,7 @@ async def run_targets(
     try:
         for workload in workloads:
             for r in range(repeats):
-                shift = r % len(targets)
-                for target in targets[shift:] + targets[:shift]:
+                for target in rotated(targets, r):
                     probe = MemoryProbe()
                     # prompts of its own (same lengths and arrivals): a target or repeat that
                     # runs later is not served from the prefix cache an earlier one filled

@@ -41,7 +41,7 @@ from typing import Any
 import psutil
 
 from serve_app.app import _served_name
-from serve_app.bench.runner import conc_counts
+from serve_app.bench.runner import conc_counts, rotated
 from serve_app.bench.servers import Server, servers
 from serve_app.bench.vllm_cli import BenchClient
 from serve_app.profiles import ResolvedProfile
@@ -302,7 +302,8 @@ def _spread(values: list[float]) -> dict[str, float]:
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per concurrency: every target's figures over its repeats, the best `vllm serve` (highest
-    mean tok/s) and each other target's ratios to it, paired by repeat."""
+    mean tok/s) and each other target's ratios to it, paired by repeat (a repeat still under
+    way, or cut short, pairs only what both ran)."""
     out = []
     for conc in sorted({r["concurrency"] for r in rows}):
         cell = [r for r in rows if r["concurrency"] == conc]
@@ -323,12 +324,15 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 targets[name]["itl_mean_ms"] = _spread([r["mean_itl_ms"] for r in runs])
                 targets[name]["outside_ms"] = _spread([r["outside_ms"] for r in runs])
         vllm = [n for n in names if n.startswith("vllm serve")]
-        best = max(vllm, key=lambda n: targets[n]["tok_s"]["mean"])
+        best = max(vllm, key=lambda n: targets[n]["tok_s"]["mean"]) if vllm else None
         ref = {r["repeat"]: r for r in cell if r["target"] == best}
         for name in names:
             if name in vllm:
                 continue
-            pairs = [(r, ref[r["repeat"]]) for r in cell if r["target"] == name]
+            mine = [r for r in cell if r["target"] == name and r["repeat"] in ref]
+            pairs = [(r, ref[r["repeat"]]) for r in mine]
+            if not pairs:
+                continue
             targets[name]["vs_best_vllm"] = {
                 "tok_s_ratio": _spread(
                     [a["output_throughput"] / v["output_throughput"] for a, v in pairs]
@@ -607,9 +611,7 @@ def main(argv: list[str] | None = None) -> int:
         for conc in concurrencies:
             cells[conc] = cell_prompts(targets, client, args, conc)
             for rep in range(args.repeats):
-                shift = rep % len(targets)  # each target goes first in turn
-                order = targets[shift:] + targets[:shift]
-                for server in order:
+                for server in rotated(targets, rep):
                     spies = []
                     if args.py_spy and server.name == "app" and rep == 0:
                         tag = f"c{conc}"
@@ -634,8 +636,8 @@ def main(argv: list[str] | None = None) -> int:
                         top = ", ".join(f"{k} {v:.2f}" for k, v in list(threads.items())[:4])
                         print(f"    {role} threads: {top}", flush=True)
                     # written after every run: a run cut short keeps what it measured
-                    last = rep == args.repeats - 1 and server is order[-1]
-                    write_report(args, profile, app_env, started, rows, cells, show=last)
+                    write_report(args, profile, app_env, started, rows, cells)
+            print(table(summarize(rows)), flush=True)
         if args.harness:
             run_harness(
                 args.harness,
@@ -657,7 +659,6 @@ def write_report(
     started: float,
     rows: list[dict[str, Any]],
     cells: dict[int, int],
-    show: bool = True,
 ) -> None:
     summary = summarize(rows)
     report = {
@@ -672,8 +673,6 @@ def write_report(
     (args.out / "streaming.json").write_text(json.dumps(report, indent=2))
     (args.out / "streaming.md").write_text(table(summary) + "\n")
     plot(summary, args.out / "streaming.png", f"app vs vllm serve, profile {args.profile}")
-    if show:
-        print(table(summary), flush=True)
 
 
 if __name__ == "__main__":

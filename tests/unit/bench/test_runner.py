@@ -5,6 +5,7 @@ from serve_app.bench.memory import MemoryProbe
 from serve_app.bench.report import markdown_table, ratio_table
 from serve_app.bench.runner import (
     conc_counts,
+    rotated,
     run_targets,
     run_workload,
     summarize,
@@ -110,7 +111,7 @@ class NamedTarget(FakeTarget):
 def test_each_repeat_starts_with_the_next_target() -> None:
     targets = [NamedTarget("a"), NamedTarget("b"), NamedTarget("c")]
     short = WORKLOAD.model_copy(update={"requests": 3})
-    rows = asyncio.run(run_targets(targets, [short], 4))  # type: ignore[arg-type]
+    rows = asyncio.run(run_targets(targets, [short], 4))
     order = [(r["repeat"], r["target"]) for r in rows]
     assert order == [
         (0, "a"), (0, "b"), (0, "c"),
@@ -118,3 +119,7 @@ def test_each_repeat_starts_with_the_next_target() -> None:
         (2, "c"), (2, "a"), (2, "b"),
         (3, "a"), (3, "b"), (3, "c"),
     ]  # fmt: skip
+
+
+def test_rotation_of_no_items_is_empty() -> None:
+    assert rotated([], 3) == [] and rotated([1, 2], 3) == [2, 1]

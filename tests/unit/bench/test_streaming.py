@@ -43,6 +43,17 @@ def test_summary_pairs_runs_by_repeat_and_takes_ratios() -> None:
     assert "| 0.950 (0.900–1.000) | +2.5 (+2.0–+3.0) | 2.00 |" in text
 
 
+def test_a_repeat_under_way_pairs_only_what_both_ran() -> None:
+    # written after every run: repeat 1 has the app's run and not yet vllm serve's
+    rows = [row("vllm serve", 100, 10, 0), row("app", 90, 13, 0), row("app", 50, 12, 1)]
+    (s,) = streaming.summarize(rows)
+    assert s["targets"]["app"]["runs"] == 2
+    assert s["targets"]["app"]["vs_best_vllm"]["tok_s_ratio"]["max"] == 0.9
+    (alone,) = streaming.summarize([row("app", 90, 13, 0)])  # no vllm serve run yet
+    assert alone["best_vllm"] is None and "vs_best_vllm" not in alone["targets"]["app"]
+    assert "| 4 | app | 1 × 16 | 90 |" in streaming.table([alone])
+
+
 def test_time_outside_latency_is_a_slots_time_per_request_less_its_latency() -> None:
     # 4 slots for 2 s carried 10 requests: 800 ms each, of which 600 ms request to last token
     r = {"duration": 2.0, "completed": 10, "mean_e2el_ms": 600.0}
