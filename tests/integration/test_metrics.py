@@ -75,6 +75,12 @@ def query(prom: str, expr: str) -> list[dict[str, Any]]:
     return result
 
 
+def latest(selector: str) -> str:
+    """The series' last sample within a minute: an instant query of the bare selector finds
+    nothing right after a scrape that timed out (Prometheus marks every series stale then)."""
+    return f"last_over_time({selector}[1m])"
+
+
 def traffic(server: AppServer) -> dict[int, int]:
     """A bounded mix: three classes, stream and not, one refusal, one bad request."""
     statuses: dict[int, int] = {}
@@ -107,13 +113,14 @@ def test_every_dashboard_query_returns_data(app_server: AppServer, prometheus: s
         if not result:
             empty.append((title, expr))
     assert not empty, f"panel queries with no data: {empty}"
-    served = query(prometheus, 'sum(ray_serve_app_requests_total{outcome="served"})')
+    served_series = latest('ray_serve_app_requests_total{outcome="served"}')
+    served = query(prometheus, f"sum({served_series})")
     assert float(served[0]["value"][1]) >= 48
     # every stage of the TTFT breakdown was measured, the engine's from vLLM's timestamps
-    stages = query(prometheus, "count by (stage) (ray_serve_app_ttft_stage_ms_count)")
+    stages = query(prometheus, f"count by (stage) ({latest('ray_serve_app_ttft_stage_ms_count')})")
     assert {s["metric"]["stage"] for s in stages} == {s.value for s in Stage}
     # the refused request of an unknown class is labelled `other`, not by what the client sent
-    classes = query(prometheus, "count by (slo_class) (ray_serve_app_requests_total)")
+    classes = query(prometheus, f"count by (slo_class) ({latest('ray_serve_app_requests_total')})")
     assert {c["metric"]["slo_class"] for c in classes} == {
         "interactive",
         "standard",
