@@ -11,6 +11,7 @@ instead, from one Serve replica (the caller, as the ingress) to another process:
 - `ray-actor`   a plain Ray actor streaming call (what Serve's router and replica add on top)
 - `socket`      a length-prefixed pickle over one kept Unix socket to the callee replica (a
                 floor for any Python transport between two processes)
+- `tcp`         the same over one kept TCP connection on loopback (what reaches another node)
 
 Every call carries the same request (a GenerationRequest of `--prompt-tokens` token ids) and
 gets two items back (the first, then the end), as a dispatched request does. Per call: `there`
@@ -42,7 +43,8 @@ from serve_app.bench.runner import rotated
 from serve_app.bench.stats import percentiles
 from serve_app.engine.protocol import GenerationRequest
 
-TRANSPORTS = ["serve-grpc", "serve-ref", "ray-actor", "socket"]
+TRANSPORTS = ["serve-grpc", "serve-ref", "ray-actor", "socket", "tcp"]
+CONNECTIONS = ("socket", "tcp")
 MEASURES = ["there", "first", "whole"]
 _FRAME = struct.Struct("!I")
 Timing = tuple[float, float, float]  # there, first, whole (ms)
@@ -66,18 +68,31 @@ async def reply(request: GenerationRequest) -> AsyncIterator[float | None]:
     yield None
 
 
-async def serve_socket(path: str) -> asyncio.AbstractServer:
-    async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                request = await _read(reader)
-                async for item in reply(request):
-                    _write(writer, item)
-                await writer.drain()
-        except asyncio.IncompleteReadError:  # the caller closed its end
-            writer.close()
+async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """The callee's end of one kept connection: each request's items, as they come."""
+    try:
+        while True:
+            request = await _read(reader)
+            async for item in reply(request):
+                _write(writer, item)
+            await writer.drain()
+    except asyncio.IncompleteReadError:  # the caller closed its end
+        writer.close()
 
-    return await asyncio.start_unix_server(on_connection, path)
+
+async def listen(transport: str, path: str) -> tuple[asyncio.AbstractServer, str | int]:
+    """A server for `socket` (on the Unix socket `path`) or `tcp` (on a free loopback port),
+    and where to connect to it."""
+    if transport == "socket":
+        return await asyncio.start_unix_server(answer, path), path
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def connect(transport: str, address: str | int) -> tuple[Any, Any]:
+    if transport == "socket":
+        return await asyncio.open_unix_connection(str(address))
+    return await asyncio.open_connection("127.0.0.1", int(address))
 
 
 def summarize(timings: list[Timing]) -> dict[str, dict[str, float | None]]:
@@ -118,16 +133,16 @@ def _deployments(socket_path: str) -> tuple[Any, Any]:
     @serve.deployment(max_ongoing_requests=256)
     class HopCallee:
         def __init__(self) -> None:
-            self._server: asyncio.AbstractServer | None = None
+            self._listening: dict[str, tuple[asyncio.AbstractServer, str | int]] = {}
 
         async def call(self, request: GenerationRequest) -> AsyncIterator[float | None]:
             async for item in reply(request):
                 yield item
 
-        async def open_socket(self) -> str:
-            if self._server is None:
-                self._server = await serve_socket(socket_path)
-            return socket_path
+        async def listen(self, transport: str) -> str | int:
+            if transport not in self._listening:
+                self._listening[transport] = await listen(transport, socket_path)
+            return self._listening[transport][1]
 
     @ray.remote(num_cpus=0)
     class HopActor:
@@ -140,13 +155,13 @@ def _deployments(socket_path: str) -> tuple[Any, Any]:
         def __init__(self, callee: Any) -> None:
             self._callee = callee
             self._actor = HopActor.remote()  # type: ignore[attr-defined]
-            self._socket: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+            self._connections: dict[str, tuple[asyncio.StreamReader, asyncio.StreamWriter]] = {}
 
         async def run(self, transport: str, calls: int, prompt_tokens: int) -> list[Timing]:
             request = GenerationRequest("hop", list(range(prompt_tokens)), 16)
-            if transport == "socket" and self._socket is None:
-                path = await self._callee.open_socket.remote()
-                self._socket = await asyncio.open_unix_connection(path)
+            if transport in CONNECTIONS and transport not in self._connections:
+                address = await self._callee.listen.remote(transport)
+                self._connections[transport] = await connect(transport, address)
             timings = []
             for _ in range(calls):
                 timings.append(await self._one(transport, request))
@@ -154,9 +169,8 @@ def _deployments(socket_path: str) -> tuple[Any, Any]:
 
         async def _one(self, transport: str, request: GenerationRequest) -> Timing:
             sent = time.time()
-            if transport == "socket":
-                assert self._socket is not None
-                reader, writer = self._socket
+            if transport in CONNECTIONS:
+                reader, writer = self._connections[transport]
                 _write(writer, request)
                 got = await _read(reader)
                 first = time.time()

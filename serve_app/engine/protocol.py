@@ -115,6 +115,7 @@ class Placement:
     node_id: str = ""
     node_ip: str = ""
     gpu_ids: tuple[str, ...] = ()
+    dispatch_path: str = ""  # its direct-dispatch socket (engine/direct.py), if it listens
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,9 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import tempfile
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from typing import Any
 
 from ray import serve
@@ -21,6 +24,8 @@ from serve_app.autoscaling import ARRIVALS_METRIC, REFUSED_METRIC, WAITING_METRI
 from serve_app.constants import ENGINE_START_TIMEOUT_S, STATS_PERIOD_S
 from serve_app.engine.channel import Batch, ChannelHello, Channels, relay
 from serve_app.engine.coalesce import MessageBudget
+from serve_app.engine.direct import ENV as DIRECT_ENV
+from serve_app.engine.direct import DirectServer
 from serve_app.engine.frontend import Frontends
 from serve_app.engine.metrics import ReplicaMetrics
 from serve_app.engine.prefill import PrefillMeter, RecentRate
@@ -107,6 +112,12 @@ class EngineReplica:
             profile.model,
             len(slots) + 1,
         )
+        self._direct: DirectServer | None = None
+        if os.environ.get(DIRECT_ENV) == "1":
+            path = os.path.join(tempfile.mkdtemp(prefix="serve-app-direct-"), "dispatch.sock")
+            self._direct = DirectServer(self.generate, path)
+            await self._direct.start()
+            self._placement = replace(self._placement, dispatch_path=path)
         self._metrics = ReplicaMetrics(profile.name)
         self._reporter = asyncio.get_running_loop().create_task(self._report_forever())
 
@@ -262,6 +273,9 @@ class EngineReplica:
         # Serve's documented shutdown hook: it calls __del__ explicitly when the replica stops.
         with contextlib.suppress(Exception):
             self._reporter.cancel()
+        with contextlib.suppress(Exception):
+            if self._direct is not None:
+                self._direct.stop()
         with contextlib.suppress(Exception):
             if self._frontends is not None:
                 self._frontends.stop()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 from collections.abc import (
     AsyncGenerator,
@@ -37,6 +38,7 @@ from starlette.types import Receive, Scope, Send
 
 from serve_app.config import IngressConfig
 from serve_app.constants import READY_RETRY_AFTER_S, STATS_PERIOD_S
+from serve_app.engine.direct import ENV as DIRECT_ENV
 from serve_app.engine.protocol import (
     ApiCall,
     ApiKind,
@@ -45,6 +47,7 @@ from serve_app.engine.protocol import (
     StreamChunk,
 )
 from serve_app.ingress.channels import CallCancelled, IngressChannels
+from serve_app.ingress.direct import DirectDispatch
 from serve_app.ingress.errors import (
     BadRequest,
     EngineFailure,
@@ -259,6 +262,12 @@ class Routed:
         self.assigned_at = time.time()  # on Serve's router loop (a thread of its own, or ours)
 
 
+def _node_id() -> str:
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+
+
 def _failed_replica(e: BaseException) -> str:
     """Which replica a failure came from, as far as Ray's error says (its actor or process)."""
     for attr in ("actor_id", "_actor_id", "pid"):
@@ -332,6 +341,7 @@ class RequestPipeline:
             self._pools, ingress_id, [n for n, p in config.pools.items() if p.stream_channel]
         )
         self._held = 0  # requests waiting for a pool that protects its running requests
+        self._direct = DirectDispatch(_node_id()) if os.environ.get(DIRECT_ENV) == "1" else None
         self._poll: asyncio.Event | None = None  # the next poll of the held requests
         self._refresher: asyncio.Task[None] | None = None
 
@@ -366,6 +376,8 @@ class RequestPipeline:
         if self._refresher is not None:
             self._refresher.cancel()
         self._channels.stop()
+        if self._direct is not None:
+            self._direct.stop()
 
     async def refresh(self) -> None:
         """One exchange with the board: report lag, refusals and what admission protects, take
@@ -732,9 +744,17 @@ class RequestPipeline:
                     else now + (ttft_ms - elapsed_ms(routed.started, time.perf_counter())) / 1e3,
                 )
             self._router.dispatched(routed.pool, routed.prompt_tokens, routed.queued)
+            direct = None
+            if self._direct is not None and snap is not None:
+                direct = self._direct.pick(snap.placements)
             routed.dispatched_at = time.time()
-            own = self._pools[routed.pool].generate.remote(gen)
-            routed.watch_assignment(own)
+            own: Any
+            if direct is not None:
+                own = direct.call(gen)
+                routed.assigned_at = routed.dispatched_at
+            else:
+                own = self._pools[routed.pool].generate.remote(gen)
+                routed.watch_assignment(own)
             stream = self._channels.stream(routed.request_id, own, carried)
             chunks = self._track(routed, stream, request.is_disconnected)
             try:

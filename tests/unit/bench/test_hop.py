@@ -4,15 +4,18 @@ import asyncio
 import time
 from pathlib import Path
 
-from serve_app.bench.hop import _read, _write, serve_socket, summarize, table
+import pytest
+
+from serve_app.bench.hop import _read, _write, connect, listen, summarize, table
 from serve_app.engine.protocol import GenerationRequest
 
 
-async def test_the_socket_callee_answers_each_request_with_its_arrival_then_the_end(
-    tmp_path: Path,
+@pytest.mark.parametrize("transport", ["socket", "tcp"])
+async def test_a_kept_connection_answers_each_request_with_its_arrival_then_the_end(
+    transport: str, tmp_path: Path
 ) -> None:
-    server = await serve_socket(str(tmp_path / "hop.sock"))
-    reader, writer = await asyncio.open_unix_connection(str(tmp_path / "hop.sock"))
+    server, address = await listen(transport, str(tmp_path / "hop.sock"))
+    reader, writer = await connect(transport, address)
     try:
         for _ in range(3):  # one kept connection, calls one after another
             sent = time.time()

@@ -1,0 +1,110 @@
+"""Direct dispatch over a kept Unix socket: both ends, with a stand-in for generate() (no Ray)."""
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from serve_app.engine.direct import DirectServer
+from serve_app.engine.protocol import (
+    EngineDeadError,
+    EngineRequestError,
+    GenerationRequest,
+    Placement,
+    StreamChunk,
+)
+from serve_app.ingress.direct import DirectDispatch
+
+
+class Generate:
+    """Yields `n` chunks (its prompt's length), raises for request id "bad", and waits forever
+    for "slow" until cancelled (noting the cancellation)."""
+
+    def __init__(self) -> None:
+        self.cancelled: list[str] = []
+
+    async def __call__(self, request: GenerationRequest) -> AsyncIterator[StreamChunk]:
+        if request.request_id == "bad":
+            raise EngineRequestError("max_tokens is too large")
+        if request.request_id.startswith("slow"):
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                self.cancelled.append(request.request_id)
+                raise
+        for i in range(len(request.prompt_token_ids)):
+            yield StreamChunk(f"t{i}", 1, i + 1, len(request.prompt_token_ids))
+
+
+async def connected(tmp_path: Path) -> tuple[DirectServer, DirectDispatch, Generate, Placement]:
+    generate = Generate()
+    server = DirectServer(generate, str(tmp_path / "d.sock"))
+    await server.start()
+    dispatch = DirectDispatch("node")
+    placement = Placement(node_id="node", dispatch_path=server.path)
+    assert dispatch.pick([("r", placement)]) is None  # opening: the Serve call meanwhile
+    for _ in range(100):
+        if dispatch.pick([("r", placement)]) is not None:
+            break
+        await asyncio.sleep(0.01)
+    return server, dispatch, generate, placement
+
+
+async def test_chunks_then_the_end_and_errors_come_back_per_request(tmp_path: Path) -> None:
+    server, dispatch, _, placement = await connected(tmp_path)
+    connection = dispatch.pick([("r", placement)])
+    assert connection is not None
+    a = connection.call(GenerationRequest("a", [1, 2, 3], 3))
+    bad = connection.call(GenerationRequest("bad", [1], 1))
+    b = connection.call(GenerationRequest("b", [1, 2], 2))
+    assert [c.text async for c in a] == ["t0", "t1", "t2"]
+    assert [c.text async for c in b] == ["t0", "t1"]
+    with pytest.raises(EngineRequestError, match="max_tokens"):
+        await anext(bad)
+    assert not connection.calls  # every call that ended is forgotten
+    dispatch.stop()
+    server.stop()
+
+
+async def test_a_cancelled_call_aborts_its_generate(tmp_path: Path) -> None:
+    server, dispatch, generate, placement = await connected(tmp_path)
+    connection = dispatch.pick([("r", placement)])
+    assert connection is not None
+    slow = connection.call(GenerationRequest("slow", [1], 1))
+    await asyncio.sleep(0.1)
+    slow.cancel()
+    for _ in range(100):
+        if generate.cancelled:
+            break
+        await asyncio.sleep(0.01)
+    assert generate.cancelled == ["slow"]
+    dispatch.stop()
+    server.stop()
+
+
+async def test_a_lost_connection_fails_its_calls_as_a_dead_replica(tmp_path: Path) -> None:
+    server, dispatch, generate, placement = await connected(tmp_path)
+    connection = dispatch.pick([("r", placement)])
+    assert connection is not None
+    slow = connection.call(GenerationRequest("slow-1", [1], 1))
+    await asyncio.sleep(0.1)
+    connection.close()  # as when the replica's process dies
+    with pytest.raises(EngineDeadError):
+        await asyncio.wait_for(anext(slow), 5)
+    assert connection.closed
+    for _ in range(100):  # and the replica's end aborts what that connection brought
+        if generate.cancelled:
+            break
+        await asyncio.sleep(0.01)
+    assert generate.cancelled == ["slow-1"]
+    server.stop()
+
+
+async def test_only_replicas_of_this_node_that_listen_are_picked(tmp_path: Path) -> None:
+    server, dispatch, _, placement = await connected(tmp_path)
+    elsewhere = Placement(node_id="other", dispatch_path=server.path)
+    assert dispatch.pick([("x", elsewhere), ("y", Placement(node_id="node"))]) is None
+    assert dispatch.pick([("x", elsewhere), ("r", placement)]) is not None
+    dispatch.stop()
+    server.stop()
