@@ -5,16 +5,25 @@ and writes each request there instead of making a Serve call. The replica runs t
 `generate()` and sends back on that connection what the request's own Serve call would carry
 (its chunks when no stream channel does, its error, its end); a cancel frame aborts it.
 Frames: (kind, request id, payload), pickled, length-prefixed.
+
+The socket is in Linux's abstract namespace: it has no file, so nothing is left behind however
+the replica's process ends, and it vanishes with the process. Any local process could connect
+to such a name, so the replica answers only processes of its own user (SO_PEERCRED), as a
+socket file in a private directory would.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
+import os
 import pickle
+import secrets
+import socket
 import struct
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from serve_app.engine.protocol import GenerationRequest, StreamChunk
@@ -41,24 +50,55 @@ def _forget(tasks: dict[str, asyncio.Task[None]], key: str, _: object) -> None:
     tasks.pop(key, None)
 
 
+async def connect(path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to a replica's socket (made here for uvloop's sake, as in `start`)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    try:
+        await asyncio.get_running_loop().sock_connect(sock, path)
+    except BaseException:
+        sock.close()
+        raise
+    return await asyncio.open_unix_connection(sock=sock)
+
+
+def _peer_uid(writer: asyncio.StreamWriter) -> int | None:
+    sock = writer.get_extra_info("socket")
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except (AttributeError, OSError):
+        return None
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return int(uid)
+
+
 class DirectServer:
     """The replica's end: runs `generate` for every request a connection brings."""
 
     def __init__(
-        self, generate: Callable[[GenerationRequest], AsyncIterator[StreamChunk]], path: str
+        self, generate: Callable[[GenerationRequest], AsyncGenerator[StreamChunk, None]]
     ) -> None:
         self._generate = generate
-        self.path = path
+        self.path = f"\0serve-app-direct-{os.getpid()}-{secrets.token_hex(8)}"
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self) -> None:
-        self._server = await asyncio.start_unix_server(self._serve, self.path)
+        # bound here, not by the event loop: uvloop (Serve's replicas run on it) takes the name
+        # as a C string, and an abstract one starts with a NUL
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(self.path)
+        self._server = await asyncio.start_unix_server(self._serve, sock=sock)
 
     def stop(self) -> None:
+        """Stop listening (connections made stay until they end)."""
         if self._server is not None:
             self._server.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if _peer_uid(writer) != os.getuid():
+            logger.warning("direct dispatch: refused a connection from another user")
+            writer.close()
+            return
         tasks: dict[str, asyncio.Task[None]] = {}
         try:
             while True:
@@ -79,9 +119,11 @@ class DirectServer:
     async def _run(self, request: GenerationRequest, writer: asyncio.StreamWriter) -> None:
         key = request.request_id
         try:
-            async for chunk in self._generate(request):
-                write_frame(writer, CHUNK, key, chunk)
-                await writer.drain()
+            # closed on any way out, so that the engine aborts the request at once
+            async with contextlib.aclosing(self._generate(request)) as chunks:
+                async for chunk in chunks:
+                    write_frame(writer, CHUNK, key, chunk)
+                    await writer.drain()  # raises once the ingress is gone
             write_frame(writer, END, key)
         except asyncio.CancelledError:
             raise  # cancelled by the ingress, or its connection closed: generate() aborted it

@@ -10,10 +10,9 @@ import asyncio
 import contextlib
 import logging
 import os
-import tempfile
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -114,14 +113,13 @@ class EngineReplica:
         )
         self._direct: DirectServer | None = None
         if os.environ.get(DIRECT_ENV) == "1":
-            path = os.path.join(tempfile.mkdtemp(prefix="serve-app-direct-"), "dispatch.sock")
-            self._direct = DirectServer(self.generate, path)
+            self._direct = DirectServer(self.generate)
             await self._direct.start()
-            self._placement = replace(self._placement, dispatch_path=path)
+            self._placement = replace(self._placement, dispatch_path=self._direct.path)
         self._metrics = ReplicaMetrics(profile.name)
         self._reporter = asyncio.get_running_loop().create_task(self._report_forever())
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[StreamChunk]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[StreamChunk, None]:
         """Stream the request's output; cancellation (caller gone) aborts it in the engine.
 
         When the request's ingress has a channel to this replica (engine/channel.py), the chunks

@@ -8,7 +8,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from serve_app.engine.direct import CANCEL, END, REQUEST, read_frame, write_frame
+from serve_app.engine.direct import CANCEL, END, REQUEST, connect, read_frame, write_frame
 from serve_app.engine.protocol import EngineDeadError, GenerationRequest, Placement, StreamChunk
 
 logger = logging.getLogger("ray.serve")
@@ -97,18 +97,26 @@ class DirectDispatch:
         self._opening: set[str] = set()
 
     def pick(self, placements: Iterable[tuple[str, Placement]]) -> DirectConnection | None:
+        """The connection with the fewest of this ingress's calls, if every replica listed is
+        on this node and connected; else None (the request goes by Serve, which balances over
+        all of them). Connections missing are opened meanwhile."""
         best: DirectConnection | None = None
+        reachable = True
         for _, placement in placements:
             path = placement.dispatch_path
             if not path or placement.node_id != self._node_id:
-                continue
+                return None
             connection = self._connections.get(path)
             if connection is None or connection.closed:
                 self._open(path)
-                continue
-            if best is None or len(connection.calls) < len(best.calls):
+                reachable = False
+            elif best is None or len(connection.calls) < len(best.calls):
                 best = connection
-        return best
+        return best if reachable else None
+
+    def connected(self, path: str) -> bool:
+        connection = self._connections.get(path)
+        return connection is not None and not connection.closed
 
     def _open(self, path: str) -> None:
         if path in self._opening:
@@ -117,7 +125,7 @@ class DirectDispatch:
 
         async def open_() -> None:
             try:
-                reader, writer = await asyncio.open_unix_connection(path)
+                reader, writer = await connect(path)
                 self._connections[path] = DirectConnection(path, reader, writer)
             except OSError as e:
                 logger.warning("direct dispatch to %s failed to open: %r", path, e)

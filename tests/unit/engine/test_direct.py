@@ -1,11 +1,12 @@
 """Direct dispatch over a kept Unix socket: both ends, with a stand-in for generate() (no Ray)."""
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
+from serve_app.engine import direct
 from serve_app.engine.direct import DirectServer
 from serve_app.engine.protocol import (
     EngineDeadError,
@@ -37,9 +38,9 @@ class Generate:
             yield StreamChunk(f"t{i}", 1, i + 1, len(request.prompt_token_ids))
 
 
-async def connected(tmp_path: Path) -> tuple[DirectServer, DirectDispatch, Generate, Placement]:
+async def connected() -> tuple[DirectServer, DirectDispatch, Generate, Placement]:
     generate = Generate()
-    server = DirectServer(generate, str(tmp_path / "d.sock"))
+    server = DirectServer(generate)
     await server.start()
     dispatch = DirectDispatch("node")
     placement = Placement(node_id="node", dispatch_path=server.path)
@@ -51,8 +52,8 @@ async def connected(tmp_path: Path) -> tuple[DirectServer, DirectDispatch, Gener
     return server, dispatch, generate, placement
 
 
-async def test_chunks_then_the_end_and_errors_come_back_per_request(tmp_path: Path) -> None:
-    server, dispatch, _, placement = await connected(tmp_path)
+async def test_chunks_then_the_end_and_errors_come_back_per_request() -> None:
+    server, dispatch, _, placement = await connected()
     connection = dispatch.pick([("r", placement)])
     assert connection is not None
     a = connection.call(GenerationRequest("a", [1, 2, 3], 3))
@@ -67,8 +68,8 @@ async def test_chunks_then_the_end_and_errors_come_back_per_request(tmp_path: Pa
     server.stop()
 
 
-async def test_a_cancelled_call_aborts_its_generate(tmp_path: Path) -> None:
-    server, dispatch, generate, placement = await connected(tmp_path)
+async def test_a_cancelled_call_aborts_its_generate() -> None:
+    server, dispatch, generate, placement = await connected()
     connection = dispatch.pick([("r", placement)])
     assert connection is not None
     slow = connection.call(GenerationRequest("slow", [1], 1))
@@ -83,8 +84,8 @@ async def test_a_cancelled_call_aborts_its_generate(tmp_path: Path) -> None:
     server.stop()
 
 
-async def test_a_lost_connection_fails_its_calls_as_a_dead_replica(tmp_path: Path) -> None:
-    server, dispatch, generate, placement = await connected(tmp_path)
+async def test_a_lost_connection_fails_its_calls_as_a_dead_replica() -> None:
+    server, dispatch, generate, placement = await connected()
     connection = dispatch.pick([("r", placement)])
     assert connection is not None
     slow = connection.call(GenerationRequest("slow-1", [1], 1))
@@ -101,10 +102,35 @@ async def test_a_lost_connection_fails_its_calls_as_a_dead_replica(tmp_path: Pat
     server.stop()
 
 
-async def test_only_replicas_of_this_node_that_listen_are_picked(tmp_path: Path) -> None:
-    server, dispatch, _, placement = await connected(tmp_path)
+async def test_direct_only_while_every_replica_of_the_pool_can_be_reached_so() -> None:
+    """A replica on another node, or one that does not listen, gets requests only through
+    Serve's routing: were the others reached directly, it would get none."""
+    server, dispatch, _, placement = await connected()
     elsewhere = Placement(node_id="other", dispatch_path=server.path)
-    assert dispatch.pick([("x", elsewhere), ("y", Placement(node_id="node"))]) is None
-    assert dispatch.pick([("x", elsewhere), ("r", placement)]) is not None
+    assert dispatch.pick([("x", elsewhere), ("r", placement)]) is None
+    assert dispatch.pick([("y", Placement(node_id="node")), ("r", placement)]) is None
+    assert dispatch.pick([("r", placement)]) is not None
+    assert dispatch.connected(server.path) and not dispatch.connected("")
     dispatch.stop()
+    server.stop()
+
+
+async def test_the_socket_has_no_file_and_answers_only_its_own_user(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server, dispatch, _, placement = await connected()
+    assert server.path.startswith("\0")  # Linux's abstract namespace: nothing on disk
+    dispatch.stop()
+    monkeypatch.setattr(direct.os, "getuid", lambda: os.getuid() + 1)  # as if another user
+    other = DirectDispatch("node")
+    other.pick([("r", placement)])
+    for _ in range(50):
+        if other.connected(server.path):
+            break
+        await asyncio.sleep(0.01)
+    connection = other.pick([("r", placement)])
+    assert connection is not None
+    with pytest.raises(EngineDeadError):  # the replica closed it without an answer
+        await asyncio.wait_for(anext(connection.call(GenerationRequest("a", [1], 1))), 5)
+    other.stop()
     server.stop()
