@@ -16,7 +16,8 @@
 # with C/C++ frames). HARNESS=WORKLOAD then runs that workload with serve_app.bench's own client
 # against every server, REPEATS times at HARNESS_CONC (default 1): each server's TTFT as that
 # client sees it, and the app's per-request Server-Timing stages (where its first tokens' time
-# went), e.g. HARNESS=workloads/ttft-gpu.yaml (with CONC= empty: the harness alone).
+# went), e.g. HARNESS=workloads/ttft-gpu.yaml (with CONC= empty: the harness alone). DIRECT=1
+# runs the app with direct dispatch on (SERVE_APP_DIRECT_DISPATCH=1, docs/results/hop.md).
 set -euo pipefail
 : "${SERVE_APP_SITE:?names the offline vLLM + Ray install (the directory holding env.sh)}"
 OUT=${1:?usage: run_h200.sh OUT_DIR}
@@ -34,6 +35,7 @@ exec python3 -m serve_app.bench.streaming --profile "${PROFILE:-h200-stream-fron
   --output-len 256 --vllm-api-servers "${API_SERVERS:-1,2,4,8}" \
   --requests-per-run "${REQUESTS:-64=960,256=2300,1=45}" \
   --vllm-env CUDA_VISIBLE_DEVICES=0 --app-env CUDA_VISIBLE_DEVICES=$APP_GPU \
+  ${DIRECT:+--app-env SERVE_APP_DIRECT_DISPATCH=$DIRECT} \
   ${PY_SPY_S:+--py-spy "$PY_SPY_S"} ${PY_SPY_NATIVE:+--py-spy-native} \
   ${HARNESS:+--harness "$HARNESS" --harness-concurrency "${HARNESS_CONC:-1}" --no-harness-engine} \
   ${HARNESS:+--harness-repeats "${REPEATS:-3}"} --out "$OUT" > "$OUT/bench.txt" 2>&1
