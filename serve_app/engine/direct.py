@@ -1,4 +1,5 @@
-"""Direct dispatch (prototype): requests over a kept Unix socket, ingress -> pool replica.
+"""Direct dispatch: requests over a kept Unix socket, ingress -> pool replica (off by default;
+SERVE_APP_DIRECT_DISPATCH=1 in the replicas' and ingresses' environment turns it on).
 
 The replica listens on a socket of its own; an ingress on its node keeps one connection to it
 and writes each request there instead of making a Serve call. The replica runs the same

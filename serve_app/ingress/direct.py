@@ -1,5 +1,5 @@
-"""Direct dispatch, the ingress's end (prototype; engine/direct.py): one kept connection per
-pool replica of this node that listens, requests written there instead of Serve calls."""
+"""Direct dispatch, the ingress's end (engine/direct.py): one kept connection per pool replica
+of this node that listens, requests written there instead of Serve calls."""
 
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ class DirectConnection:
                 if call is not None:  # a chunk, or the exception its call raised
                     call.queue.put_nowait(_END if kind == END else payload)
         except (asyncio.IncompleteReadError, ConnectionError) as e:
-            logger.info("direct dispatch to %s closed: %r", self.path, e)
+            logger.info("direct dispatch to %r closed: %r", self.path, e)
         finally:
             self.closed = True
             for call in list(self.calls.values()):
@@ -94,7 +94,7 @@ class DirectDispatch:
     def __init__(self, node_id: str) -> None:
         self._node_id = node_id
         self._connections: dict[str, DirectConnection] = {}
-        self._opening: set[str] = set()
+        self._opening: dict[str, asyncio.Task[None]] = {}  # held: the loop keeps weak refs
 
     def pick(self, placements: Iterable[tuple[str, Placement]]) -> DirectConnection | None:
         """The connection with the fewest of this ingress's calls, if every replica listed is
@@ -121,20 +121,21 @@ class DirectDispatch:
     def _open(self, path: str) -> None:
         if path in self._opening:
             return
-        self._opening.add(path)
 
         async def open_() -> None:
             try:
                 reader, writer = await connect(path)
                 self._connections[path] = DirectConnection(path, reader, writer)
             except OSError as e:
-                logger.warning("direct dispatch to %s failed to open: %r", path, e)
+                logger.warning("direct dispatch to %r failed to open: %r", path, e)
                 await asyncio.sleep(1.0)
             finally:
-                self._opening.discard(path)
+                self._opening.pop(path, None)
 
-        asyncio.get_running_loop().create_task(open_())
+        self._opening[path] = asyncio.get_running_loop().create_task(open_())
 
     def stop(self) -> None:
+        for task in list(self._opening.values()):
+            task.cancel()
         for connection in self._connections.values():
             connection.close()

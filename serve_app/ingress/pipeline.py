@@ -479,11 +479,11 @@ class RequestPipeline:
                         "gpu_ids": list(p.gpu_ids),
                         # this ingress's stream channel to it is open (engine/channel.py)
                         "stream_channel": rid in channels,
+                        # ... and to its engine frontends (engine/frontend.py)
+                        "frontend_channels": sum(c.startswith(f"{rid}/") for c in channels),
                         # this ingress sends it requests over its socket (engine/direct.py)
                         "direct_dispatch": self._direct is not None
                         and self._direct.connected(p.dispatch_path),
-                        # ... and to its engine frontends (engine/frontend.py)
-                        "frontend_channels": sum(c.startswith(f"{rid}/") for c in channels),
                     }
                     for rid, p in snap.placements
                 ],

@@ -2,7 +2,7 @@
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -38,6 +38,14 @@ class Generate:
             yield StreamChunk(f"t{i}", 1, i + 1, len(request.prompt_token_ids))
 
 
+async def until(condition: Callable[[], object], timeout_s: float = 1.0) -> None:
+    """Wait for `condition` (polled each 10 ms) for up to `timeout_s`; the caller asserts."""
+    for _ in range(int(timeout_s / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+
+
 async def connected() -> tuple[DirectServer, DirectDispatch, Generate, Placement]:
     generate = Generate()
     server = DirectServer(generate)
@@ -45,10 +53,7 @@ async def connected() -> tuple[DirectServer, DirectDispatch, Generate, Placement
     dispatch = DirectDispatch("node")
     placement = Placement(node_id="node", dispatch_path=server.path)
     assert dispatch.pick([("r", placement)]) is None  # opening: the Serve call meanwhile
-    for _ in range(100):
-        if dispatch.pick([("r", placement)]) is not None:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: dispatch.pick([("r", placement)]) is not None)
     return server, dispatch, generate, placement
 
 
@@ -75,10 +80,7 @@ async def test_a_cancelled_call_aborts_its_generate() -> None:
     slow = connection.call(GenerationRequest("slow", [1], 1))
     await asyncio.sleep(0.1)
     slow.cancel()
-    for _ in range(100):
-        if generate.cancelled:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: generate.cancelled)
     assert generate.cancelled == ["slow"]
     dispatch.stop()
     server.stop()
@@ -94,10 +96,7 @@ async def test_a_lost_connection_fails_its_calls_as_a_dead_replica() -> None:
     with pytest.raises(EngineDeadError):
         await asyncio.wait_for(anext(slow), 5)
     assert connection.closed
-    for _ in range(100):  # and the replica's end aborts what that connection brought
-        if generate.cancelled:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: generate.cancelled)  # the replica's end aborts what it brought
     assert generate.cancelled == ["slow-1"]
     server.stop()
 
@@ -124,10 +123,7 @@ async def test_the_socket_has_no_file_and_answers_only_its_own_user(
     monkeypatch.setattr(direct.os, "getuid", lambda: os.getuid() + 1)  # as if another user
     other = DirectDispatch("node")
     other.pick([("r", placement)])
-    for _ in range(50):
-        if other.connected(server.path):
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: other.connected(server.path))
     connection = other.pick([("r", placement)])
     assert connection is not None
     with pytest.raises(EngineDeadError):  # the replica closed it without an answer
