@@ -28,10 +28,8 @@ import argparse
 import asyncio
 import json
 import os
-import pickle
 import platform
 import statistics
-import struct
 import sys
 import tempfile
 import time
@@ -41,23 +39,13 @@ from typing import Any
 
 from serve_app.bench.runner import rotated
 from serve_app.bench.stats import percentiles
+from serve_app.engine.direct import receive, send
 from serve_app.engine.protocol import GenerationRequest
 
 TRANSPORTS = ["serve-grpc", "serve-ref", "ray-actor", "socket", "tcp"]
 CONNECTIONS = ("socket", "tcp")
 MEASURES = ["there", "first", "whole"]
-_FRAME = struct.Struct("!I")
 Timing = tuple[float, float, float]  # there, first, whole (ms)
-
-
-async def _read(reader: asyncio.StreamReader) -> Any:
-    (size,) = _FRAME.unpack(await reader.readexactly(_FRAME.size))
-    return pickle.loads(await reader.readexactly(size))
-
-
-def _write(writer: asyncio.StreamWriter, value: Any) -> None:
-    data = pickle.dumps(value)
-    writer.write(_FRAME.pack(len(data)) + data)
 
 
 async def reply(request: GenerationRequest) -> AsyncIterator[float | None]:
@@ -72,9 +60,9 @@ async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
     """The callee's end of one kept connection: each request's items, as they come."""
     try:
         while True:
-            request = await _read(reader)
+            request = await receive(reader)
             async for item in reply(request):
-                _write(writer, item)
+                send(writer, item)
             await writer.drain()
     except asyncio.IncompleteReadError:  # the caller closed its end
         writer.close()
@@ -171,10 +159,10 @@ def _deployments(socket_path: str) -> tuple[Any, Any]:
             sent = time.time()
             if transport in CONNECTIONS:
                 reader, writer = self._connections[transport]
-                _write(writer, request)
-                got = await _read(reader)
+                send(writer, request)
+                got = await receive(reader)
                 first = time.time()
-                while await _read(reader) is not None:
+                while await receive(reader) is not None:
                     pass
             else:
                 items = self._stream(transport, request)

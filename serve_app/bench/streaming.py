@@ -283,7 +283,8 @@ def run_harness(
     warm = base.model_copy(update={"requests": 8}).with_arrival(
         Arrival(kind="closed", concurrency=4)
     )
-    # one call: the targets (the bare engine too) start once; the warm-up runs each repeat
+    # one call, so the targets (the bare engine too) start once: the warm-up runs first, once per
+    # repeat, and its rows are dropped
     runs = [warm, *workloads_for(base, concurrency, None)]
     rows = asyncio.run(run_targets(targets, runs, repeats))[len(targets) * repeats :]
     ratios = ratio_table(rows, targets[0].name)

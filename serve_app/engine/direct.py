@@ -36,15 +36,24 @@ ENV = "SERVE_APP_DIRECT_DISPATCH"
 REQUEST, CANCEL, CHUNK, END, ERROR = "request", "cancel", "chunk", "end", "error"
 
 
-async def read_frame(reader: asyncio.StreamReader) -> tuple[str, str, Any]:
+async def receive(reader: asyncio.StreamReader) -> Any:
+    """One length-prefixed pickle."""
     (size,) = FRAME.unpack(await reader.readexactly(FRAME.size))
-    frame: tuple[str, str, Any] = pickle.loads(await reader.readexactly(size))
+    return pickle.loads(await reader.readexactly(size))
+
+
+def send(writer: asyncio.StreamWriter, value: Any) -> None:
+    data = pickle.dumps(value)
+    writer.write(FRAME.pack(len(data)) + data)
+
+
+async def read_frame(reader: asyncio.StreamReader) -> tuple[str, str, Any]:
+    frame: tuple[str, str, Any] = await receive(reader)
     return frame
 
 
 def write_frame(writer: asyncio.StreamWriter, kind: str, key: str, payload: Any = None) -> None:
-    data = pickle.dumps((kind, key, payload))
-    writer.write(FRAME.pack(len(data)) + data)
+    send(writer, (kind, key, payload))
 
 
 def _forget(tasks: dict[str, asyncio.Task[None]], key: str, _: object) -> None:

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from serve_app.bench.hop import _read, _write, connect, listen, summarize, table
+from serve_app.bench.hop import connect, listen, summarize, table
+from serve_app.engine.direct import receive, send
 from serve_app.engine.protocol import GenerationRequest
 
 
@@ -19,10 +20,10 @@ async def test_a_kept_connection_answers_each_request_with_its_arrival_then_the_
     try:
         for _ in range(3):  # one kept connection, calls one after another
             sent = time.time()
-            _write(writer, GenerationRequest("r", list(range(165)), 16))
-            got = await asyncio.wait_for(_read(reader), 5)
+            send(writer, GenerationRequest("r", list(range(165)), 16))
+            got = await asyncio.wait_for(receive(reader), 5)
             assert sent <= got <= time.time()
-            assert await asyncio.wait_for(_read(reader), 5) is None
+            assert await asyncio.wait_for(receive(reader), 5) is None
     finally:
         writer.close()
         server.close()
