@@ -28,6 +28,18 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
+    """Wait up to 300 s for `serve-app run` (`proc`) to answer /ready at `url`; fail with its
+    log's tail if it exited."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                break
+        time.sleep(1)
+    assert proc.poll() is None, log.read_text()[-2000:]
+
+
 def one_pool_config(port: int) -> dict[str, object]:
     config = copy.deepcopy(yaml.safe_load((ROOT / "serve_config.yaml").read_text()))
     config["http_options"]["port"] = port
@@ -60,13 +72,7 @@ def test_stopping_leaves_no_engine_behind(tmp_path: Path, how: str) -> None:
     )
     seen: list[psutil.Process] = []
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and proc.poll() is None:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://127.0.0.1:{http}/ready", timeout=2).status_code == 200:
-                    break
-            time.sleep(1)
-        assert proc.poll() is None, (tmp_path / "run.log").read_text()[-2000:]
+        wait_ready(proc, f"http://127.0.0.1:{http}", tmp_path / "run.log")
         seen = psutil.Process(proc.pid).children(recursive=True)
         engines = [p for p in seen if "EngineCore" in " ".join(p.cmdline()) + p.name()]
         assert engines, [p.name() for p in seen]

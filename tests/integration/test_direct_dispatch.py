@@ -19,7 +19,7 @@ import yaml
 
 from serve_app.engine.watchdog import wait_ended
 from tests.integration.conftest import free_ports, haproxy_ports_env, stream_then_leave
-from tests.integration.test_cli import one_pool_config
+from tests.integration.test_cli import one_pool_config, wait_ready
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -54,13 +54,7 @@ def test_requests_go_over_the_socket_and_behave_as_over_serve(tmp_path: Path) ->
     seen: list[psutil.Process] = []
     url = f"http://127.0.0.1:{http}"
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and proc.poll() is None:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                    break
-            time.sleep(1)
-        assert proc.poll() is None, (tmp_path / "run.log").read_text()[-2000:]
+        wait_ready(proc, url, tmp_path / "run.log")
         with httpx.Client(base_url=url, timeout=60) as c:
             body = {"prompt": "Tell me about Ray.", "max_tokens": 12, "ignore_eos": True}
             deadline = time.monotonic() + 30  # the first requests go by Serve while it connects
