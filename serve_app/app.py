@@ -126,6 +126,7 @@ def ingress_config(args: AppArgs, profiles: list[ResolvedProfile]) -> IngressCon
                 max_model_len=p.max_model_len,
                 min_replicas=p.pool.min_replicas,
                 step_tokens=p.engine.max_num_batched_tokens or DEFAULT_STEP_TOKENS,
+                max_ongoing_requests=p.pool.max_ongoing_requests,
                 stream_channel=p.pool.stream_channel,
             )
             for p in profiles

@@ -60,6 +60,7 @@ class PoolInfo(BaseModel):
     max_model_len: int
     min_replicas: int
     step_tokens: int = DEFAULT_STEP_TOKENS  # max_num_batched_tokens
+    max_ongoing_requests: int = 64  # per replica; direct dispatch sends each at most this many
     stream_channel: bool = True  # the ingress opens stream channels to the pool's replicas
 
 

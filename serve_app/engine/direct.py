@@ -1,11 +1,16 @@
-"""Direct dispatch: requests over a kept Unix socket, ingress -> pool replica (off by default;
-SERVE_APP_DIRECT_DISPATCH=1 in the replicas' and ingresses' environment turns it on).
+"""Direct dispatch: requests over a kept Unix socket, ingress -> pool replica (on by default;
+SERVE_APP_DIRECT_DISPATCH=0 in the replicas' and ingresses' environment turns it off).
 
 The replica listens on a socket of its own; an ingress on its node keeps one connection to it
 and writes each request there instead of making a Serve call. The replica runs the same
 `generate()` and sends back on that connection what the request's own Serve call would carry
 (its chunks when no stream channel does, its error, its end); a cancel frame aborts it.
 Frames: (kind, request id, payload), pickled, length-prefixed.
+
+Stopping (Serve's scale-down or redeploy) is a drain, as Serve's own is for its calls: the
+replica stops listening and sends each connection a draining frame, after which that ingress
+sends it no more requests (it goes by Serve, whose routers already left the replica out), and
+the replica's stop waits for the requests it holds to end.
 
 The socket is in Linux's abstract namespace: it has no file, so nothing is left behind however
 the replica's process ends, and it vanishes with the process. Any local process could connect
@@ -33,7 +38,12 @@ logger = logging.getLogger("ray.serve")
 
 FRAME = struct.Struct("!I")
 ENV = "SERVE_APP_DIRECT_DISPATCH"
-REQUEST, CANCEL, CHUNK, END, ERROR = "request", "cancel", "chunk", "end", "error"
+REQUEST, CANCEL, CHUNK, END, ERROR, DRAINING = "request", "cancel", "chunk", "end", "error", "draining"
+
+
+def enabled() -> bool:
+    """Whether direct dispatch is on in this process (SERVE_APP_DIRECT_DISPATCH, default 1)."""
+    return os.environ.get(ENV, "1") != "0"
 
 
 async def receive(reader: asyncio.StreamReader) -> Any:
@@ -91,6 +101,14 @@ class DirectServer:
         self._generate = generate
         self.path = f"\0serve-app-direct-{os.getpid()}-{secrets.token_hex(8)}"
         self._server: asyncio.AbstractServer | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._running: set[asyncio.Task[None]] = set()  # requests in flight, every connection
+        self.draining = False
+
+    @property
+    def in_flight(self) -> int:
+        """Requests this replica holds that came over its socket (Serve does not count them)."""
+        return len(self._running)
 
     async def start(self) -> None:
         # bound here, not by the event loop: uvloop (Serve's replicas run on it) takes the name
@@ -99,16 +117,34 @@ class DirectServer:
         sock.bind(self.path)
         self._server = await asyncio.start_unix_server(self._serve, sock=sock)
 
-    def stop(self) -> None:
-        """Stop listening (connections made stay until they end)."""
+    def drain(self) -> None:
+        """Stop listening and tell every connection: its ingress sends no more requests here.
+        Requests already sent (one may cross the frame) run on; `drained()` waits for them."""
+        self.draining = True
         if self._server is not None:
             self._server.close()
+        for writer in self._writers:
+            with contextlib.suppress(Exception):
+                write_frame(writer, DRAINING, "")
+
+    async def drained(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` for the requests in flight to end; then close every
+        connection (requests still running are aborted). True if none was cut short."""
+        if self._running:
+            await asyncio.wait(set(self._running), timeout=timeout_s)
+        cut = self.in_flight
+        for writer in list(self._writers):
+            writer.close()
+        return cut == 0
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if _peer_uid(writer) != os.getuid():
             logger.warning("direct dispatch: refused a connection from another user")
             writer.close()
             return
+        self._writers.add(writer)
+        if self.draining:  # connected as the replica began to stop
+            write_frame(writer, DRAINING, "")
         tasks: dict[str, asyncio.Task[None]] = {}
         try:
             while True:
@@ -116,7 +152,9 @@ class DirectServer:
                 if kind == REQUEST:
                     task = asyncio.get_running_loop().create_task(self._run(payload, writer))
                     tasks[key] = task
+                    self._running.add(task)
                     task.add_done_callback(functools.partial(_forget, tasks, key))
+                    task.add_done_callback(self._running.discard)
                 elif kind == CANCEL and key in tasks:
                     tasks[key].cancel()
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -124,6 +162,7 @@ class DirectServer:
         finally:
             for task in list(tasks.values()):
                 task.cancel()
+            self._writers.discard(writer)
             writer.close()
 
     async def _run(self, request: GenerationRequest, writer: asyncio.StreamWriter) -> None:

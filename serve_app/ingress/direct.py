@@ -1,5 +1,12 @@
 """Direct dispatch, the ingress's end (engine/direct.py): one kept connection per pool replica
-of this node that listens, requests written there instead of Serve calls."""
+of this node that listens, requests written there instead of Serve calls.
+
+A request goes direct only while every replica the board lists for its pool is on this node and
+connected (else Serve balances over all of them), to the one with the fewest of this ingress's
+calls, and only while that one has fewer than `limit` (the pool's max_ongoing_requests): past it
+the request goes by Serve, which queues it or refuses it as it would any call. A replica that
+said it is draining gets no more; it stays known, so that it is not opened again, until the
+board no longer lists it (`retain`)."""
 
 from __future__ import annotations
 
@@ -8,7 +15,15 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from serve_app.engine.direct import CANCEL, END, REQUEST, connect, read_frame, write_frame
+from serve_app.engine.direct import (
+    CANCEL,
+    DRAINING,
+    END,
+    REQUEST,
+    connect,
+    read_frame,
+    write_frame,
+)
 from serve_app.engine.protocol import EngineDeadError, GenerationRequest, Placement, StreamChunk
 
 logger = logging.getLogger("ray.serve")
@@ -53,6 +68,7 @@ class DirectConnection:
         self._writer = writer
         self.calls: dict[str, DirectCall] = {}
         self.closed = False
+        self.draining = False  # the replica is stopping: no more requests to it
         self._task = asyncio.get_running_loop().create_task(self._read())
 
     def call(self, request: GenerationRequest) -> DirectCall:
@@ -72,6 +88,10 @@ class DirectConnection:
         try:
             while True:
                 kind, key, payload = await read_frame(self._reader)
+                if kind == DRAINING:
+                    self.draining = True
+                    logger.info("direct dispatch to %r: the replica is draining", self.path)
+                    continue
                 call = self.calls.get(key)
                 if call is not None:  # a chunk, or the exception its call raised
                     call.queue.put_nowait(_END if kind == END else payload)
@@ -96,10 +116,12 @@ class DirectDispatch:
         self._connections: dict[str, DirectConnection] = {}
         self._opening: dict[str, asyncio.Task[None]] = {}  # held: the loop keeps weak refs
 
-    def pick(self, placements: Iterable[tuple[str, Placement]]) -> DirectConnection | None:
+    def pick(
+        self, placements: Iterable[tuple[str, Placement]], limit: int | None = None
+    ) -> DirectConnection | None:
         """The connection with the fewest of this ingress's calls, if every replica listed is
-        on this node and connected; else None (the request goes by Serve, which balances over
-        all of them). Connections missing are opened meanwhile."""
+        on this node and connected (draining ones left out), and it has room; else None (the
+        request goes by Serve). Connections missing are opened meanwhile."""
         best: DirectConnection | None = None
         reachable = True
         for _, placement in placements:
@@ -107,16 +129,29 @@ class DirectDispatch:
             if not path or placement.node_id != self._node_id:
                 return None
             connection = self._connections.get(path)
+            if connection is not None and connection.draining:
+                continue
             if connection is None or connection.closed:
                 self._open(path)
                 reachable = False
             elif best is None or len(connection.calls) < len(best.calls):
                 best = connection
-        return best if reachable else None
+        if not reachable or best is None:
+            return None
+        return best if limit is None or len(best.calls) < limit else None
 
     def connected(self, path: str) -> bool:
         connection = self._connections.get(path)
-        return connection is not None and not connection.closed
+        return connection is not None and not connection.closed and not connection.draining
+
+    def retain(self, paths: Iterable[str]) -> None:
+        """Forget the connections to replicas the board no longer lists, once no call of this
+        ingress is on them (a draining replica's streams run on after the board drops it)."""
+        keep = set(paths)
+        for path, connection in list(self._connections.items()):
+            if path not in keep and (connection.closed or not connection.calls):
+                del self._connections[path]
+                connection.close()
 
     def _open(self, path: str) -> None:
         if path in self._opening:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import time
 from collections.abc import (
     AsyncGenerator,
@@ -38,7 +37,7 @@ from starlette.types import Receive, Scope, Send
 
 from serve_app.config import IngressConfig
 from serve_app.constants import READY_RETRY_AFTER_S, STATS_PERIOD_S
-from serve_app.engine.direct import ENV as DIRECT_ENV
+from serve_app.engine import direct as direct_dispatch
 from serve_app.engine.protocol import (
     ApiCall,
     ApiKind,
@@ -341,7 +340,7 @@ class RequestPipeline:
             self._pools, ingress_id, [n for n, p in config.pools.items() if p.stream_channel]
         )
         self._held = 0  # requests waiting for a pool that protects its running requests
-        self._direct = DirectDispatch(_node_id()) if os.environ.get(DIRECT_ENV) == "1" else None
+        self._direct = DirectDispatch(_node_id()) if direct_dispatch.enabled() else None
         self._poll: asyncio.Event | None = None  # the next poll of the held requests
         self._refresher: asyncio.Task[None] | None = None
 
@@ -394,6 +393,10 @@ class RequestPipeline:
         post = IngressPost(self._ingress_id, lags or None, refused or None, protected)
         snapshot = await asyncio.wait_for(self._board.exchange.remote(post), BOARD_TIMEOUT_S)
         self._router.update(snapshot)
+        if self._direct is not None:
+            self._direct.retain(
+                p.dispatch_path for snap in snapshot.values() for _, p in snap.placements
+            )
 
     async def _refresh_forever(self) -> None:
         while True:  # (start() took the first answer)
@@ -749,7 +752,8 @@ class RequestPipeline:
             self._router.dispatched(routed.pool, routed.prompt_tokens, routed.queued)
             direct = None
             if self._direct is not None and snap is not None:
-                direct = self._direct.pick(snap.placements)
+                limit = self._config.pools[routed.pool].max_ongoing_requests
+                direct = self._direct.pick(snap.placements, limit)
             routed.dispatched_at = time.time()
             own: Any
             if direct is not None:

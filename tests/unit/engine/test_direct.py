@@ -70,7 +70,7 @@ async def test_chunks_then_the_end_and_errors_come_back_per_request() -> None:
         await anext(bad)
     assert not connection.calls  # every call that ended is forgotten
     dispatch.stop()
-    server.stop()
+    server.drain()
 
 
 async def test_a_cancelled_call_aborts_its_generate() -> None:
@@ -83,7 +83,7 @@ async def test_a_cancelled_call_aborts_its_generate() -> None:
     await until(lambda: generate.cancelled)
     assert generate.cancelled == ["slow"]
     dispatch.stop()
-    server.stop()
+    server.drain()
 
 
 async def test_a_lost_connection_fails_its_calls_as_a_dead_replica() -> None:
@@ -98,7 +98,7 @@ async def test_a_lost_connection_fails_its_calls_as_a_dead_replica() -> None:
     assert connection.closed
     await until(lambda: generate.cancelled)  # the replica's end aborts what it brought
     assert generate.cancelled == ["slow-1"]
-    server.stop()
+    server.drain()
 
 
 async def test_direct_only_while_every_replica_of_the_pool_can_be_reached_so() -> None:
@@ -111,7 +111,7 @@ async def test_direct_only_while_every_replica_of_the_pool_can_be_reached_so() -
     assert dispatch.pick([("r", placement)]) is not None
     assert dispatch.connected(server.path) and not dispatch.connected("")
     dispatch.stop()
-    server.stop()
+    server.drain()
 
 
 async def test_the_socket_has_no_file_and_answers_only_its_own_user(
@@ -129,4 +129,4 @@ async def test_the_socket_has_no_file_and_answers_only_its_own_user(
     with pytest.raises(EngineDeadError):  # the replica closed it without an answer
         await asyncio.wait_for(anext(connection.call(GenerationRequest("a", [1], 1))), 5)
     other.stop()
-    server.stop()
+    server.drain()
