@@ -94,7 +94,12 @@ def _pool_deployment(profile: ResolvedProfile, board: Application, args: AppArgs
             health_check_timeout_s=30,
             graceful_shutdown_timeout_s=args.graceful_shutdown_timeout_s,
         )
-        .bind(profile, board, FakeEngine if args.engine == "fake" else vllm_engine)
+        .bind(
+            profile,
+            board,
+            FakeEngine if args.engine == "fake" else vllm_engine,
+            args.graceful_shutdown_timeout_s,
+        )
     )
 
 

@@ -6,7 +6,9 @@ fine in one batch, with requests the engine's scheduler could not admit yet (its
 which are what hurts TTFT. This policy keeps Serve's ongoing-request target and adds replicas in
 proportion to the engines' own waiting queues, reported by each replica's
 `record_autoscaling_stats()`: one more replica per `target_waiting_per_replica` waiting requests
-(Serve rounds the answer up, so a queue below the target adds none). Requests the ingress refused
+(Serve rounds the answer up, so a queue below the target adds none). Requests that came by
+direct dispatch (engine/direct.py) are not Serve's ongoing requests: the replicas report them,
+and the ongoing-request answer counts them with Serve's. Requests the ingress refused
 because this pool lacked the capacity to meet their SLO are demand too: once they are over
 REFUSED_SHARE of the pool's demand, the pool is sized for arrivals + refusals at its current
 arrivals per replica (one more replica when nothing got through). While a pool still refuses
@@ -18,6 +20,7 @@ are applied by Serve around it.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import time
@@ -29,6 +32,7 @@ from ray.serve.config import AutoscalingContext
 WAITING_METRIC = "engine_waiting"
 ARRIVALS_METRIC = "arrivals_per_s"
 REFUSED_METRIC = "refused_per_s"
+DIRECT_METRIC = "direct_ongoing"  # requests in flight that came by direct dispatch
 REFUSED_SHARE = 0.1  # refusals below this share of a pool's demand do not scale it
 POLICY_PATH = "serve_app.autoscaling:EngineQueuePolicy"
 
@@ -63,6 +67,17 @@ def desired_replicas(
     return desired
 
 
+def with_direct(ctx: AutoscalingContext, direct: float) -> AutoscalingContext:
+    """`ctx` with `direct` more ongoing requests (direct dispatch's, which Serve does not see).
+    A copy: Serve reads its own context after the policy. Its totals are cached properties,
+    so the copy's value is set where the property keeps it."""
+    if direct <= 0:
+        return ctx
+    counted = copy.copy(ctx)
+    counted.__dict__["total_num_requests"] = ctx.total_num_requests + direct
+    return counted
+
+
 class EngineQueuePolicy:
     """`autoscaling_config.policy` of a pool deployment (policy_kwargs give the target)."""
 
@@ -75,11 +90,14 @@ class EngineQueuePolicy:
         self._said = True  # the current turn has been logged (or needs no line)
 
     def __call__(self, ctx: AutoscalingContext) -> tuple[float, dict[str, Any]]:
-        ongoing_desired, state = replica_queue_length_autoscaling_policy(ctx)
         metrics = ctx.aggregated_metrics or {}
 
         def total(name: str) -> float:
             return float(sum(metrics.get(name, {}).values()))
+
+        ongoing_desired, state = replica_queue_length_autoscaling_policy(
+            with_direct(ctx, total(DIRECT_METRIC))
+        )
 
         waiting, arrivals, refused = (
             total(WAITING_METRIC),

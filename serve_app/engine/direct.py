@@ -38,7 +38,8 @@ logger = logging.getLogger("ray.serve")
 
 FRAME = struct.Struct("!I")
 ENV = "SERVE_APP_DIRECT_DISPATCH"
-REQUEST, CANCEL, CHUNK, END, ERROR, DRAINING = "request", "cancel", "chunk", "end", "error", "draining"
+REQUEST, CANCEL, CHUNK, END, ERROR = "request", "cancel", "chunk", "end", "error"
+DRAINING = "draining"  # replica -> ingress: send no more requests here
 
 
 def enabled() -> bool:

@@ -9,22 +9,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from dataclasses import replace
 from typing import Any
 
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from serve_app.autoscaling import ARRIVALS_METRIC, REFUSED_METRIC, WAITING_METRIC
+from serve_app.autoscaling import ARRIVALS_METRIC, DIRECT_METRIC, REFUSED_METRIC, WAITING_METRIC
+from serve_app.config import GRACEFUL_SHUTDOWN_TIMEOUT_S
 from serve_app.constants import ENGINE_START_TIMEOUT_S, STATS_PERIOD_S
+from serve_app.engine import direct
 from serve_app.engine.channel import Batch, ChannelHello, Channels, relay
 from serve_app.engine.coalesce import MessageBudget
-from serve_app.engine.direct import ENV as DIRECT_ENV
-from serve_app.engine.direct import DirectServer
 from serve_app.engine.frontend import Frontends
 from serve_app.engine.metrics import ReplicaMetrics
 from serve_app.engine.prefill import PrefillMeter, RecentRate
@@ -44,6 +43,9 @@ logger = logging.getLogger("ray.serve")
 
 EngineFactory = Callable[[ResolvedProfile], Engine]
 _RECENT = 64  # latencies kept per replica for the pool snapshot
+# Of a stop's graceful_shutdown_timeout_s, what Serve's own drain (its wait loop of 2 s, at
+# least once) and the engine's shutdown keep: the rest is the direct requests' to finish in.
+_STOP_MARGIN_S = 5.0
 
 
 def vllm_engine(profile: ResolvedProfile) -> Engine:
@@ -73,8 +75,10 @@ class EngineReplica:
         profile: ResolvedProfile,
         board: DeploymentHandle[Any] | None = None,
         engine_factory: EngineFactory = vllm_engine,
+        graceful_shutdown_timeout_s: float = GRACEFUL_SHUTDOWN_TIMEOUT_S,
     ) -> None:
         self._profile = profile
+        self._graceful_shutdown_timeout_s = graceful_shutdown_timeout_s
         self._board = board
         self._engine = engine_factory(profile)
         self._ttft_ms: deque[float] = deque(maxlen=_RECENT)
@@ -111,9 +115,9 @@ class EngineReplica:
             profile.model,
             len(slots) + 1,
         )
-        self._direct: DirectServer | None = None
-        if os.environ.get(DIRECT_ENV) == "1":
-            self._direct = DirectServer(self.generate)
+        self._direct: direct.DirectServer | None = None
+        if direct.enabled():
+            self._direct = direct.DirectServer(self.generate)
             await self._direct.start()
             self._placement = replace(self._placement, dispatch_path=self._direct.path)
         self._metrics = ReplicaMetrics(profile.name)
@@ -197,6 +201,8 @@ class EngineReplica:
             "engine_running": stats.running,
             ARRIVALS_METRIC: self._arrivals.per_s(),
             REFUSED_METRIC: self._refused_per_s,
+            # requests in flight that came by direct dispatch: Serve counts only its own calls
+            DIRECT_METRIC: self._direct.in_flight if self._direct is not None else 0,
         }
 
     async def check_health(self) -> None:
@@ -267,13 +273,38 @@ class EngineReplica:
                     logger.warning("pool %s: report failed", self._profile.name, exc_info=True)
             await asyncio.sleep(STATS_PERIOD_S)
 
-    def __del__(self) -> None:
-        # Serve's documented shutdown hook: it calls __del__ explicitly when the replica stops.
+    def __del__(self) -> Coroutine[Any, Any, None] | None:
+        """Serve's documented shutdown hook: it calls __del__ when the replica stops, after
+        draining its own calls, and awaits what it returns. Requests that came by direct
+        dispatch are not Serve's to drain: they get the rest of the stop's time to end (the
+        ingresses send no more once told), then the engine stops."""
         with contextlib.suppress(Exception):
             self._reporter.cancel()
         with contextlib.suppress(Exception):
             if self._direct is not None:
-                self._direct.stop()
+                self._direct.drain()
+                if self._direct.in_flight:
+                    asyncio.get_running_loop()  # (raises outside one: garbage collection)
+                    return self._stop_after_direct()
+        self._stop()
+        return None
+
+    async def _stop_after_direct(self) -> None:
+        assert self._direct is not None
+        timeout_s = max(0.0, self._graceful_shutdown_timeout_s - _STOP_MARGIN_S)
+        logger.info(
+            "pool %s: stopping; %d direct requests in flight (waiting up to %.0f s)",
+            self._profile.name,
+            self._direct.in_flight,
+            timeout_s,
+        )
+        try:
+            if not await self._direct.drained(timeout_s):
+                logger.warning("pool %s: direct requests cut short by the stop", self._profile.name)
+        finally:
+            self._stop()
+
+    def _stop(self) -> None:
         with contextlib.suppress(Exception):
             if self._frontends is not None:
                 self._frontends.stop()

@@ -67,6 +67,8 @@ def test_stopping_leaves_no_engine_behind(tmp_path: Path, how: str) -> None:
     # vLLM's IPC sockets: under a directory of the test's (short: a socket's path is limited)
     ipc = Path(tempfile.mkdtemp(prefix="ipc-"))
     env = {**os.environ, **haproxy_ports_env(), "VLLM_RPC_BASE_PATH": str(ipc)}
+    if how == "serve shutdown":  # and requests by Serve's calls, direct dispatch off
+        env["SERVE_APP_DIRECT_DISPATCH"] = "0"
     proc = subprocess.Popen(
         cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
@@ -81,6 +83,7 @@ def test_stopping_leaves_no_engine_behind(tmp_path: Path, how: str) -> None:
         if how == "SIGTERM":
             assert_the_engine_has_a_core_of_its_own(seen)
         if how == "serve shutdown":
+            assert_served_by_serve_calls(f"http://127.0.0.1:{http}")
             serve = str(Path(sys.executable).with_name("serve"))
             env = {**os.environ, "RAY_AUTH_MODE": "token"}
             address = f"http://127.0.0.1:{dashboard}"
@@ -102,6 +105,18 @@ def test_stopping_leaves_no_engine_behind(tmp_path: Path, how: str) -> None:
             with contextlib.suppress(psutil.Error):
                 p.kill()
         log.close()
+
+
+def assert_served_by_serve_calls(url: str) -> None:
+    """With SERVE_APP_DIRECT_DISPATCH=0 requests go by Serve's calls, and a stream comes whole."""
+    body = {"prompt": "Tell me about Ray.", "max_tokens": 8, "ignore_eos": True, "stream": True}
+    with httpx.Client(base_url=url, timeout=60) as c:
+        with c.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            events = [line for line in r.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "data: [DONE]" and len(events) == 8 + 1, events
+        replicas = c.get("/pools").json()["low-latency"]["placement"]
+    assert replicas and not any(r["direct_dispatch"] for r in replicas), replicas
 
 
 def assert_the_engine_has_a_core_of_its_own(app: list[psutil.Process]) -> None:

@@ -7,6 +7,7 @@ from ray.serve.config import AutoscalingConfig, AutoscalingContext
 
 from serve_app.autoscaling import (
     ARRIVALS_METRIC,
+    DIRECT_METRIC,
     REFUSED_METRIC,
     WAITING_METRIC,
     EngineQueuePolicy,
@@ -76,6 +77,16 @@ def test_policy_follows_ongoing_requests_when_engines_keep_up() -> None:
     policy = EngineQueuePolicy(target_waiting_per_replica=2)
     desired, _ = policy(context(2, ongoing=4, waiting={"a": 0, "b": 0}))
     assert desired == pytest.approx(0.5)  # 4 ongoing / 8 target per replica: scale down
+
+
+def test_policy_counts_direct_requests_as_ongoing_with_serves() -> None:
+    """Requests that came by direct dispatch are not in Serve's count: the replicas report them
+    and the policy adds them, else a pool busy with them would be scaled down."""
+    policy = EngineQueuePolicy(target_waiting_per_replica=2)
+    ctx = context(2, ongoing=4, waiting={"a": 0, "b": 0}, extra={DIRECT_METRIC: {"a": 12, "b": 16}})
+    desired, _ = policy(ctx)
+    assert desired == pytest.approx(4.0)  # (4 + 28) ongoing / 8 per replica
+    assert ctx.total_num_requests == 4  # Serve's own context is left as it was
 
 
 def test_policy_reads_refused_demand_from_replica_stats() -> None:

@@ -130,3 +130,52 @@ async def test_the_socket_has_no_file_and_answers_only_its_own_user(
         await asyncio.wait_for(anext(connection.call(GenerationRequest("a", [1], 1))), 5)
     other.stop()
     server.drain()
+
+
+async def test_a_draining_replica_gets_no_more_but_ends_what_it_has() -> None:
+    server, dispatch, generate, placement = await connected()
+    connection = dispatch.pick([("r", placement)])
+    assert connection is not None
+    slow = connection.call(GenerationRequest("slow", [1], 1))
+    quick = connection.call(GenerationRequest("q", [1, 2], 2))
+    await asyncio.sleep(0.05)
+    assert server.in_flight == 1  # "q" ended, "slow" runs on
+    server.drain()
+    await until(lambda: connection.draining)
+    assert connection.draining and not dispatch.connected(server.path)
+    assert dispatch.pick([("r", placement)]) is None  # by Serve meanwhile, not reopened
+    assert [c.text async for c in quick] == ["t0", "t1"]
+    assert not await server.drained(0.1)  # "slow" still running: cut short
+    with pytest.raises(EngineDeadError):
+        await asyncio.wait_for(anext(slow), 5)
+    await until(lambda: generate.cancelled)
+    assert generate.cancelled == ["slow"]
+    dispatch.stop()
+
+
+async def test_past_the_limit_a_request_goes_by_serve() -> None:
+    server, dispatch, _, placement = await connected()
+    connection = dispatch.pick([("r", placement)], limit=2)
+    assert connection is not None
+    calls = [connection.call(GenerationRequest(f"slow-{i}", [1], 1)) for i in range(2)]
+    assert dispatch.pick([("r", placement)], limit=2) is None
+    assert dispatch.pick([("r", placement)], limit=3) is connection
+    for call in calls:
+        call.cancel()
+    dispatch.stop()
+    server.drain()
+
+
+async def test_connections_to_replicas_the_board_dropped_are_forgotten_once_idle() -> None:
+    server, dispatch, _, placement = await connected()
+    connection = dispatch.pick([("r", placement)])
+    assert connection is not None
+    slow = connection.call(GenerationRequest("slow", [1], 1))
+    dispatch.retain([])  # dropped by the board, but a call of this ingress is on it
+    assert dispatch.connected(server.path)
+    slow.cancel()
+    dispatch.retain([])
+    assert not dispatch.connected(server.path)
+    await until(lambda: connection.closed)
+    assert connection.closed
+    server.drain()

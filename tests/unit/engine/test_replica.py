@@ -14,6 +14,7 @@ from serve_app.engine.protocol import (
     StreamChunk,
 )
 from serve_app.engine.replica import EngineReplica
+from serve_app.ingress.direct import DirectDispatch
 from serve_app.profiles import EngineArgs, EngineProfile, Platform, ResolvedProfile
 from serve_app.timing import Stage
 
@@ -26,6 +27,7 @@ class ScriptedEngine(Engine):
     def __init__(self, profile: ResolvedProfile) -> None:
         self.dead = False
         self.started = False
+        self.release = asyncio.Event()  # request "held" waits for it after its first token
 
     async def start(self) -> None:
         self.started = True
@@ -36,6 +38,8 @@ class ScriptedEngine(Engine):
             yield StreamChunk(
                 f"t{i}", 1, i + 1, len(request.prompt_token_ids), "length" if done else None
             )
+            if request.request_id == "held":
+                await self.release.wait()
 
     async def check_health(self) -> None:
         if self.dead:
@@ -90,6 +94,7 @@ async def test_autoscaling_stats_expose_the_engine_queue() -> None:
         "engine_running": 2,
         "arrivals_per_s": 0.0,
         "refused_per_s": 0.0,
+        "direct_ongoing": 0,
     }
 
 
@@ -239,3 +244,43 @@ async def test_one_stream_is_not_held_back() -> None:
     # A lone stream's share of the budget (1 ms) is below the coalescing floor: no waiting.
     lone, _ = await _stream_all(1000, 1)
     assert lone > 50
+
+
+async def test_a_stop_lets_direct_requests_end_and_sends_no_more_there() -> None:
+    """Serve drains its own calls before calling __del__; the requests that came over the
+    direct socket are the replica's to wait for: the ingress is told to send no more there,
+    the one in flight runs to its end, then the engine stops."""
+    replica, engine = await make_replica()
+    assert replica._direct is not None  # on by default
+    dispatch = DirectDispatch(replica.report().placement.node_id)
+    placements = [("r", replica.report().placement)]
+    for _ in range(100):
+        if dispatch.pick(placements) is not None:
+            break
+        await asyncio.sleep(0.01)
+    connection = dispatch.pick(placements)
+    assert connection is not None
+    call = connection.call(GenerationRequest("held", [1], 3))
+    assert (await anext(call)).text == "t0"
+    assert replica.record_autoscaling_stats()["direct_ongoing"] == 1
+    stopping = replica.__del__()
+    assert stopping is not None  # Serve awaits it
+    task = asyncio.ensure_future(stopping)
+    for _ in range(100):
+        if connection.draining:
+            break
+        await asyncio.sleep(0.01)
+    assert connection.draining and dispatch.pick(placements) is None  # by Serve from now on
+    await asyncio.sleep(0.05)
+    assert not task.done() and not engine.dead  # still waiting for the request
+    engine.release.set()
+    assert [c.text async for c in call] == ["t1", "t2"]
+    await asyncio.wait_for(task, 5)
+    assert engine.dead  # shut down once it ended
+    dispatch.stop()
+
+
+async def test_a_stop_with_nothing_direct_in_flight_stops_at_once() -> None:
+    replica, engine = await make_replica()
+    assert replica.__del__() is None
+    assert engine.dead
