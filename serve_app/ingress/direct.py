@@ -6,7 +6,7 @@ connected (else Serve balances over all of them), to the one with the fewest of 
 calls, and only while that one has fewer than `limit` (the pool's max_ongoing_requests): past it
 the request goes by Serve, which queues it or refuses it as it would any call. A replica that
 said it is draining gets no more; it stays known, so that it is not opened again, until the
-board no longer lists it (`retain`)."""
+board no longer lists it (`follow`)."""
 
 from __future__ import annotations
 
@@ -144,10 +144,18 @@ class DirectDispatch:
         connection = self._connections.get(path)
         return connection is not None and not connection.closed and not connection.draining
 
-    def retain(self, paths: Iterable[str]) -> None:
-        """Forget the connections to replicas the board no longer lists, once no call of this
-        ingress is on them (a draining replica's streams run on after the board drops it)."""
-        keep = set(paths)
+    def follow(self, placements: Iterable[Placement]) -> None:
+        """The board's replicas, every pool's: open a connection to each on this node that
+        listens (before a request needs it), and forget those to replicas no longer listed
+        once no call of this ingress is on them (a draining replica's streams run on after the
+        board drops it)."""
+        keep = set()
+        for placement in placements:
+            path = placement.dispatch_path
+            if path and placement.node_id == self._node_id:
+                keep.add(path)
+                if path not in self._connections:
+                    self._open(path)
         for path, connection in list(self._connections.items()):
             if path not in keep and (connection.closed or not connection.calls):
                 del self._connections[path]

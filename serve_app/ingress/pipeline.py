@@ -394,9 +394,7 @@ class RequestPipeline:
         snapshot = await asyncio.wait_for(self._board.exchange.remote(post), BOARD_TIMEOUT_S)
         self._router.update(snapshot)
         if self._direct is not None:
-            self._direct.retain(
-                p.dispatch_path for snap in snapshot.values() for _, p in snap.placements
-            )
+            self._direct.follow(p for snap in snapshot.values() for _, p in snap.placements)
 
     async def _refresh_forever(self) -> None:
         while True:  # (start() took the first answer)

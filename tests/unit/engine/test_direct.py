@@ -166,15 +166,21 @@ async def test_past_the_limit_a_request_goes_by_serve() -> None:
     server.drain()
 
 
-async def test_connections_to_replicas_the_board_dropped_are_forgotten_once_idle() -> None:
-    server, dispatch, _, placement = await connected()
+async def test_the_board_s_replicas_are_connected_ahead_and_dropped_ones_let_go() -> None:
+    generate = Generate()
+    server = DirectServer(generate)
+    await server.start()
+    dispatch = DirectDispatch("node")
+    placement = Placement(node_id="node", dispatch_path=server.path)
+    dispatch.follow([placement, Placement(node_id="other", dispatch_path="\0elsewhere")])
+    await until(lambda: dispatch.connected(server.path))  # before any request
     connection = dispatch.pick([("r", placement)])
     assert connection is not None
     slow = connection.call(GenerationRequest("slow", [1], 1))
-    dispatch.retain([])  # dropped by the board, but a call of this ingress is on it
+    dispatch.follow([])  # dropped by the board, but a call of this ingress is on it
     assert dispatch.connected(server.path)
     slow.cancel()
-    dispatch.retain([])
+    dispatch.follow([])
     assert not dispatch.connected(server.path)
     await until(lambda: connection.closed)
     assert connection.closed
