@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -123,7 +123,7 @@ async def relay(
     received: float,
     budget: MessageBudget | None = None,
     streams: Callable[[], int] = lambda: 1,
-) -> AsyncIterator[tuple[StreamChunk, bool]]:
+) -> AsyncGenerator[tuple[StreamChunk, bool], None]:
     """Send one stream's chunks: on `channel` while it is open, else back to the caller to go on
     the request's own call. Yields (chunk, carried): carried chunks went on a channel, and the
     caller only takes note of them. A chunk that is already a receipt (`StreamChunk.carried`:

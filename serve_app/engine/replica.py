@@ -67,6 +67,12 @@ def _placement() -> Placement:
     )
 
 
+async def _aclose(chunks: AsyncIterator[StreamChunk]) -> None:
+    close = getattr(chunks, "aclose", None)
+    if close is not None:
+        await close()
+
+
 class EngineReplica:
     """One engine replica of a pool. Serve deployment options are set by `app.build_app`."""
 
@@ -154,10 +160,9 @@ class EngineReplica:
         else:
             chunks = self._engine.generate(request)
             budget = self._budget
+        relayed = relay(chunks, request, channel, received, budget, lambda: self._streams)
         try:
-            async for chunk, carried in relay(
-                chunks, request, channel, received, budget, lambda: self._streams
-            ):
+            async for chunk, carried in relayed:
                 if first_at is None and chunk.num_tokens:
                     first_at = time.perf_counter()
                     self._prefill.prefilled(prompt_tokens)
@@ -175,6 +180,11 @@ class EngineReplica:
             task.uncancel()
             raise EngineDeadError(self._dead) from None
         finally:
+            # Closed here, not left to the garbage collector: a cancel that lands in relay's
+            # coalescing sleep leaves the engine's stream suspended, still generating, until a
+            # collection finds it (the traceback holding it sits in a reference cycle).
+            await relayed.aclose()
+            await _aclose(chunks)
             self._inflight.discard(task)  # type: ignore[arg-type]
             self._streams -= 1
             if channel is not None:

@@ -342,9 +342,12 @@ class VLLMEngine(Engine):
         if request.api is not None:
             if self._api is None:
                 raise EngineDeadError("engine not started")
-            try:
-                async for chunk in self._api.serve(request.api, timed=request.sent_at > 0):
-                    yield chunk
+            try:  # closed at once however this generator ends: vLLM aborts the request then
+                async with contextlib.aclosing(
+                    self._api.serve(request.api, timed=request.sent_at > 0)
+                ) as chunks:
+                    async for chunk in chunks:
+                        yield chunk
             except VLLMEngineDeadError as e:
                 raise EngineDeadError(str(e) or "vLLM engine died") from e
             return
@@ -676,7 +679,7 @@ class OpenAILayer:
                 return True
         return False
 
-    async def serve(self, call: ApiCall, timed: bool) -> AsyncIterator[StreamChunk]:
+    async def serve(self, call: ApiCall, timed: bool) -> AsyncGenerator[StreamChunk, None]:
         """The response as vLLM's server makes it: one chunk per SSE event of a stream; for a
         whole response, a chunk when the first token is out, then one with the body."""
         watch = _Watch(time.monotonic(), timed)

@@ -16,8 +16,9 @@
 # with C/C++ frames). HARNESS=WORKLOAD then runs that workload with serve_app.bench's own client
 # against every server, REPEATS times at HARNESS_CONC (default 1): each server's TTFT as that
 # client sees it, and the app's per-request Server-Timing stages (where its first tokens' time
-# went), e.g. HARNESS=workloads/ttft-gpu.yaml (with CONC= empty: the harness alone). DIRECT=1
-# runs the app with direct dispatch on (SERVE_APP_DIRECT_DISPATCH=1, docs/results/hop.md).
+# went), e.g. HARNESS=workloads/ttft-gpu.yaml (with CONC= empty: the harness alone). DIRECT=N
+# sets SERVE_APP_DIRECT_DISPATCH for the app (direct dispatch, docs/results/hop.md: on by default
+# since ef251ac; DIRECT=0 runs it by Serve's calls).
 set -euo pipefail
 : "${SERVE_APP_SITE:?names the offline vLLM + Ray install (the directory holding env.sh)}"
 OUT=${1:?usage: run_h200.sh OUT_DIR}

@@ -1,6 +1,7 @@
 """The replica's own logic (latency bookkeeping, stats, health) with a scripted engine."""
 
 import asyncio
+import gc
 import time
 from collections.abc import AsyncIterator
 
@@ -284,3 +285,43 @@ async def test_a_stop_with_nothing_direct_in_flight_stops_at_once() -> None:
     replica, engine = await make_replica()
     assert replica.__del__() is None
     assert engine.dead
+
+
+class EndlessEngine(ScriptedEngine):
+    """Streams until closed, and notes when its stream was closed (vLLM aborts it then)."""
+
+    def __init__(self, profile: ResolvedProfile) -> None:
+        super().__init__(profile)
+        self.closed: list[str] = []
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[StreamChunk]:
+        try:
+            for i in range(10**6):
+                yield StreamChunk(f"t{i}", 1, i + 1, 1)
+                await asyncio.sleep(0)
+        finally:
+            self.closed.append(request.request_id)
+
+
+async def test_a_cancel_during_coalescing_closes_the_engine_stream_at_once() -> None:
+    """A stream coalesced under load waits between messages; a cancel landing in that wait
+    must close the engine's stream then, not when a garbage collection finds it."""
+    profile = PROFILE.model_copy(
+        update={"pool": PROFILE.pool.model_copy(update={"stream_messages_per_s": 2})}
+    )
+    replica = EngineReplica.__new__(EngineReplica)
+    await replica.__init__(profile, None, EndlessEngine)  # type: ignore[misc]
+    engine = replica._engine
+    assert isinstance(engine, EndlessEngine)
+    stream = replica.generate(GenerationRequest("coalesced", [1], 10**6))
+    gc.disable()  # what closes it must be the replica, not the collector
+    try:
+        await anext(stream)  # the first token goes at once; the next waits its share (0.5 s)
+        waiting = asyncio.ensure_future(anext(stream))
+        await asyncio.sleep(0.05)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert engine.closed == ["coalesced"]
+    finally:
+        gc.enable()
