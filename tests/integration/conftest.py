@@ -92,6 +92,20 @@ def stream_then_leave(
     return running, state
 
 
+def reached_directly(client: httpx.Client, timeout_s: float = 30) -> list[dict[str, Any]]:
+    """The pool replicas `/pools` lists, once the ingress answering reaches every one over its
+    socket (direct dispatch: it connects at its next refresh of the board), or at the timeout;
+    the caller asserts."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        replicas = [r for p in client.get("/pools").json().values() for r in p["placement"]]
+        if (replicas and all(r["direct_dispatch"] for r in replicas)) or (
+            time.monotonic() > deadline
+        ):
+            return replicas
+        time.sleep(0.5)
+
+
 def engine_core_of(pool: str, under: psutil.Process | None = None) -> psutil.Process:
     """The vLLM engine core of the pool's replica among the descendants of `under`: by default
     this process, whose ray.init() started the shared app's Ray (other Ray instances on the

@@ -6,12 +6,11 @@ stream in flight; the Serve path with it off: test_cli.)"""
 from __future__ import annotations
 
 import contextlib
-import time
 
 import psutil
 import pytest
 
-from tests.integration.conftest import AppServer, stream_then_leave
+from tests.integration.conftest import AppServer, reached_directly, stream_then_leave
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -33,15 +32,7 @@ def direct_sockets(processes: list[psutil.Process]) -> dict[int, list[str]]:
 def test_requests_go_over_the_socket_and_behave_as_over_serve(app_server: AppServer) -> None:
     with app_server.client() as c:
         body = {"prompt": "Tell me about Ray.", "max_tokens": 12, "ignore_eos": True}
-        replicas: list[dict[str, object]] = []
-        deadline = time.monotonic() + 30  # the first requests go by Serve while it connects
-        while time.monotonic() < deadline:
-            assert c.post("/v1/completions", json=body).status_code == 200
-            pools = c.get("/pools").json()
-            replicas = [r for pool in pools.values() for r in pool["placement"]]
-            if replicas and all(r["direct_dispatch"] for r in replicas):
-                break
-            time.sleep(0.5)
+        replicas = reached_directly(c)
         assert replicas and all(r["direct_dispatch"] for r in replicas), replicas
         # every pool replica listening, with (at least) this ingress's connection: this
         # process's ray.init() started the app's Ray, so its processes are our descendants

@@ -23,7 +23,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from serve_app.engine.watchdog import wait_ended
-from tests.integration.conftest import AppServer, engine_core_of, redeploy, stream_then_leave
+from tests.integration.conftest import (
+    AppServer,
+    engine_core_of,
+    reached_directly,
+    redeploy,
+    stream_then_leave,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -629,6 +635,9 @@ def redeployed_with_keys(app_server: AppServer) -> Iterator[Redeployed]:
                     result["error"] = event.get("error") or result.get("error")
         result["ended"] = time.monotonic()
 
+    with app_server.client() as c:  # the stream goes over a replica's socket, not by Serve:
+        replicas = reached_directly(c)  # its drain at the stop is the app's (engine/direct.py)
+    assert all(r["direct_dispatch"] for r in replicas), replicas
     worker = threading.Thread(target=stream)
     worker.start()
     try:
