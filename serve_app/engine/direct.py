@@ -3,9 +3,12 @@ SERVE_APP_DIRECT_DISPATCH=0 in the replicas' and ingresses' environment turns it
 
 The replica listens on a socket of its own; an ingress on its node keeps one connection to it
 and writes each request there instead of making a Serve call. The replica runs the same
-`generate()` and sends back on that connection what the request's own Serve call would carry
-(its chunks when no stream channel does, its error, its end); a cancel frame aborts it.
-Frames: (kind, request id, payload), pickled, length-prefixed.
+`generate()` and sends back on that connection the chunks it serves itself (not on the stream
+channel: a Serve call's message costs more than a frame here), its error, its end; a cancel
+frame aborts it. Streams an engine frontend serves come on that frontend's channel, as they do
+for a Serve call. Frames: (kind, request id, payload), pickled, length-prefixed; what one turn
+of the replica's event loop produced for a connection (the streams one engine step woke) goes
+out in one write.
 
 Stopping (Serve's scale-down or redeploy) is a drain, as Serve's own is for its calls: the
 replica stops listening and sends each connection a draining frame, after which that ingress
@@ -53,9 +56,13 @@ async def receive(reader: asyncio.StreamReader) -> Any:
     return pickle.loads(await reader.readexactly(size))
 
 
-def send(writer: asyncio.StreamWriter, value: Any) -> None:
+def encode(value: Any) -> bytes:
     data = pickle.dumps(value)
-    writer.write(FRAME.pack(len(data)) + data)
+    return FRAME.pack(len(data)) + data
+
+
+def send(writer: asyncio.StreamWriter, value: Any) -> None:
+    writer.write(encode(value))
 
 
 async def read_frame(reader: asyncio.StreamReader) -> tuple[str, str, Any]:
@@ -65,6 +72,25 @@ async def read_frame(reader: asyncio.StreamReader) -> tuple[str, str, Any]:
 
 def write_frame(writer: asyncio.StreamWriter, kind: str, key: str, payload: Any = None) -> None:
     send(writer, (kind, key, payload))
+
+
+class Outbox:
+    """The frames for one connection, written together at the next turn of the loop."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self._writer = writer
+        self._frames: list[bytes] = []
+
+    def put(self, kind: str, key: str, payload: Any = None) -> None:
+        frame = encode((kind, key, payload))  # raises here if the payload does not pickle
+        if not self._frames:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._frames.append(frame)
+
+    def _flush(self) -> None:
+        frames, self._frames = self._frames, []
+        if not self._writer.is_closing():
+            self._writer.write(b"".join(frames))
 
 
 def _forget(tasks: dict[str, asyncio.Task[None]], key: str, _: object) -> None:
@@ -147,11 +173,14 @@ class DirectServer:
         if self.draining:  # connected as the replica began to stop
             write_frame(writer, DRAINING, "")
         tasks: dict[str, asyncio.Task[None]] = {}
+        outbox = Outbox(writer)
         try:
             while True:
                 kind, key, payload = await read_frame(reader)
                 if kind == REQUEST:
-                    task = asyncio.get_running_loop().create_task(self._run(payload, writer))
+                    task = asyncio.get_running_loop().create_task(
+                        self._run(payload, outbox, writer)
+                    )
                     tasks[key] = task
                     self._running.add(task)
                     task.add_done_callback(functools.partial(_forget, tasks, key))
@@ -166,19 +195,21 @@ class DirectServer:
             self._writers.discard(writer)
             writer.close()
 
-    async def _run(self, request: GenerationRequest, writer: asyncio.StreamWriter) -> None:
+    async def _run(
+        self, request: GenerationRequest, outbox: Outbox, writer: asyncio.StreamWriter
+    ) -> None:
         key = request.request_id
         try:
             # closed on any way out, so that the engine aborts the request at once
             async with contextlib.aclosing(self._generate(request)) as chunks:
                 async for chunk in chunks:
-                    write_frame(writer, CHUNK, key, chunk)
-                    await writer.drain()  # raises once the ingress is gone
-            write_frame(writer, END, key)
+                    outbox.put(CHUNK, key, chunk)
+                    await writer.drain()  # waits while the ingress reads slower than this
+            outbox.put(END, key)
         except asyncio.CancelledError:
             raise  # cancelled by the ingress, or its connection closed: generate() aborted it
         except Exception as e:
             try:
-                write_frame(writer, ERROR, key, e)
+                outbox.put(ERROR, key, e)
             except Exception:  # not picklable: its kind is lost, its message kept
-                write_frame(writer, ERROR, key, RuntimeError(repr(e)[:1000]))
+                outbox.put(ERROR, key, RuntimeError(repr(e)[:1000]))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import deque
@@ -123,13 +124,15 @@ class EngineReplica:
         )
         self._direct: direct.DirectServer | None = None
         if direct.enabled():
-            self._direct = direct.DirectServer(self.generate)
+            self._direct = direct.DirectServer(functools.partial(self.generate, on_channel=False))
             await self._direct.start()
             self._placement = replace(self._placement, dispatch_path=self._direct.path)
         self._metrics = ReplicaMetrics(profile.name)
         self._reporter = asyncio.get_running_loop().create_task(self._report_forever())
 
-    async def generate(self, request: GenerationRequest) -> AsyncGenerator[StreamChunk, None]:
+    async def generate(
+        self, request: GenerationRequest, *, on_channel: bool = True
+    ) -> AsyncGenerator[StreamChunk, None]:
         """Stream the request's output; cancellation (caller gone) aborts it in the engine.
 
         When the request's ingress has a channel to this replica (engine/channel.py), the chunks
@@ -137,6 +140,8 @@ class EngineReplica:
         ends when the request does (or raises, as without a channel). With engine frontends
         (engine/frontend.py) the process serving the fewest streams serves it: a frontend sends
         the chunks on its own channel, and tells this replica of the first token and the end.
+        `on_channel=False` (a request that came over direct dispatch's socket): the chunks this
+        replica serves itself are yielded, to go back on that socket.
         """
         if self._dead is not None:
             raise EngineDeadError(self._dead)
@@ -151,7 +156,7 @@ class EngineReplica:
         prompt_tokens = request.prompt_tokens
         self._arrivals.add()
         self._prefill.queued(prompt_tokens)
-        channel = self._channels.acquire(request.channel)
+        channel = self._channels.acquire(request.channel) if on_channel else None
         served_by = self._frontends.pick(self._streams - 1) if self._frontends is not None else 0
         if served_by:
             assert self._frontends is not None

@@ -117,18 +117,16 @@ async def test_direct_only_while_every_replica_of_the_pool_can_be_reached_so() -
 async def test_the_socket_has_no_file_and_answers_only_its_own_user(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    server, dispatch, _, placement = await connected()
+    server, dispatch, _, _ = await connected()
     assert server.path.startswith("\0")  # Linux's abstract namespace: nothing on disk
     dispatch.stop()
-    monkeypatch.setattr(direct.os, "getuid", lambda: os.getuid() + 1)  # as if another user
-    other = DirectDispatch("node")
-    other.pick([("r", placement)])
-    await until(lambda: other.connected(server.path))
-    connection = other.pick([("r", placement)])
-    assert connection is not None
-    with pytest.raises(EngineDeadError):  # the replica closed it without an answer
-        await asyncio.wait_for(anext(connection.call(GenerationRequest("a", [1], 1))), 5)
-    other.stop()
+    uid = os.getuid()
+    monkeypatch.setattr(direct.os, "getuid", lambda: uid + 1)  # as if another user
+    reader, writer = await direct.connect(server.path)
+    direct.write_frame(writer, direct.REQUEST, "a", GenerationRequest("a", [1], 1))
+    with pytest.raises((asyncio.IncompleteReadError, ConnectionError)):  # closed, unanswered
+        await asyncio.wait_for(direct.read_frame(reader), 5)
+    writer.close()
     server.drain()
 
 
@@ -185,3 +183,33 @@ async def test_the_board_s_replicas_are_connected_ahead_and_dropped_ones_let_go(
     await until(lambda: connection.closed)
     assert connection.closed
     server.drain()
+
+
+class Writer:
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def is_closing(self) -> bool:
+        return False
+
+
+async def test_what_one_turn_of_the_loop_produced_goes_out_in_one_write() -> None:
+    writer = Writer()
+    outbox = direct.Outbox(writer)  # type: ignore[arg-type]
+    for key in ("a", "b", "c"):  # three streams woken by one engine step
+        outbox.put(direct.CHUNK, key, StreamChunk(key, 1, 1, 1))
+    assert writer.writes == []
+    await asyncio.sleep(0)
+    assert len(writer.writes) == 1
+    reader = asyncio.StreamReader()
+    reader.feed_data(writer.writes[0])
+    frames = [await direct.read_frame(reader) for _ in range(3)]
+    assert [(kind, key, chunk.text) for kind, key, chunk in frames] == [
+        (direct.CHUNK, k, k) for k in ("a", "b", "c")
+    ]
+    outbox.put(direct.END, "a")
+    await asyncio.sleep(0)
+    assert len(writer.writes) == 2

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from serve_app.engine.channel import ChannelHello
 from serve_app.engine.protocol import (
     Engine,
     EngineDeadError,
@@ -15,7 +16,7 @@ from serve_app.engine.protocol import (
     StreamChunk,
 )
 from serve_app.engine.replica import EngineReplica
-from serve_app.ingress.direct import DirectDispatch
+from serve_app.ingress.direct import DirectConnection, DirectDispatch
 from serve_app.profiles import EngineArgs, EngineProfile, Platform, ResolvedProfile
 from serve_app.timing import Stage
 
@@ -247,12 +248,8 @@ async def test_one_stream_is_not_held_back() -> None:
     assert lone > 50
 
 
-async def test_a_stop_lets_direct_requests_end_and_sends_no_more_there() -> None:
-    """Serve drains its own calls before calling __del__; the requests that came over the
-    direct socket are the replica's to wait for: the ingress is told to send no more there,
-    the one in flight runs to its end, then the engine stops."""
-    replica, engine = await make_replica()
-    assert replica._direct is not None  # on by default
+async def reach(replica: EngineReplica) -> tuple[DirectDispatch, DirectConnection]:
+    """An ingress's end of direct dispatch, once connected to `replica`."""
     dispatch = DirectDispatch(replica.report().placement.node_id)
     placements = [("r", replica.report().placement)]
     for _ in range(100):
@@ -261,6 +258,40 @@ async def test_a_stop_lets_direct_requests_end_and_sends_no_more_there() -> None
         await asyncio.sleep(0.01)
     connection = dispatch.pick(placements)
     assert connection is not None
+    return dispatch, connection
+
+
+async def test_a_direct_request_s_chunks_come_back_on_the_socket_not_the_channel() -> None:
+    """A Serve call's chunks go on the ingress's stream channel; a direct request's come on
+    the socket it came by (one hop less), though that ingress has a channel open."""
+    replica, _ = await make_replica()
+    channel = replica.channel("ingress-1")
+    hello = await anext(channel)
+    assert isinstance(hello, ChannelHello) and hello.accepted
+    carried = [
+        c async for c in replica.generate(GenerationRequest("s", [1], 3, channel="ingress-1"))
+    ]
+    assert carried == []  # all on the channel
+    batch = await asyncio.wait_for(anext(channel), 5)
+    assert [chunk.text for _, chunk in batch if chunk is not None] == ["t0", "t1", "t2"]
+    dispatch, connection = await reach(replica)
+    call = connection.call(GenerationRequest("d", [1], 3, channel="ingress-1"))
+    assert [c.text async for c in call] == ["t0", "t1", "t2"]
+    nothing = asyncio.ensure_future(anext(channel))
+    await asyncio.sleep(0.05)
+    assert not nothing.done()  # the channel carried none of it
+    nothing.cancel()
+    dispatch.stop()
+
+
+async def test_a_stop_lets_direct_requests_end_and_sends_no_more_there() -> None:
+    """Serve drains its own calls before calling __del__; the requests that came over the
+    direct socket are the replica's to wait for: the ingress is told to send no more there,
+    the one in flight runs to its end, then the engine stops."""
+    replica, engine = await make_replica()
+    assert replica._direct is not None  # on by default
+    dispatch, connection = await reach(replica)
+    placements = [("r", replica.report().placement)]
     call = connection.call(GenerationRequest("held", [1], 3))
     assert (await anext(call)).text == "t0"
     assert replica.record_autoscaling_stats()["direct_ongoing"] == 1
