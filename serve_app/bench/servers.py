@@ -67,10 +67,21 @@ class Server:
 
 def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 120) -> None:
     """SIGTERM, then SIGKILL after timeout_s."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
+    stop_processes([proc], timeout_s)
+
+
+def stop_processes(procs: Iterable[subprocess.Popen[bytes]], timeout_s: float = 120) -> None:
+    """SIGTERM to every one first, then wait for each, SIGKILL after timeout_s: they stop
+    together, and an interruption while waiting (a second SIGTERM, Ctrl-C) leaves none of them
+    running unsignalled."""
+    procs = list(procs)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for proc in procs:
         try:
-            proc.wait(timeout=timeout_s)
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
@@ -260,8 +271,7 @@ def servers(
                 targets.append(Server("app direct", direct_ingress_url(app.pid), app))
             yield targets, profile
         finally:
-            for proc in started:
-                stop_process(proc)
+            stop_processes(started)
 
 
 # Behind HAProxy, Serve's proxy stays up as HAProxy's fallback on this port (Ray's default).

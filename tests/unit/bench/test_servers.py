@@ -64,3 +64,30 @@ def test_free_ports_skip_a_port_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
         assert servers.free_ports(1) == [taken - 1]
         with pytest.raises(RuntimeError, match="fewer than 2 free ports"):
             servers.free_ports(2)
+
+
+def test_an_interrupted_stop_leaves_no_server_unsignalled() -> None:
+    """The app stops first and slowly; a second SIGTERM (or Ctrl-C) while waiting for it must not
+    leave `vllm serve` running: every server is signalled before any is waited for."""
+    import signal
+    import subprocess
+    import sys
+
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    app, vllm = subprocess.Popen(sleeper), subprocess.Popen(sleeper)
+    real_wait = app.wait
+
+    def interrupted(timeout: float | None = None) -> int:
+        raise SystemExit(143)  # the bench's SIGTERM handler, as the wait is interrupted
+
+    app.wait = interrupted  # type: ignore[method-assign]
+    try:
+        with pytest.raises(SystemExit):
+            servers.stop_processes([app, vllm])
+        app.wait = real_wait  # type: ignore[method-assign]
+        assert real_wait(timeout=10) == -signal.SIGTERM
+        assert vllm.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        for proc in (app, vllm):
+            proc.kill()
+            proc.wait()
