@@ -23,7 +23,8 @@ from serve_app.engine.protocol import ApiKind
 from serve_app.ingress.errors import BadRequest, NotFound, ServeError, error_response
 from serve_app.ingress.guard import GuardMiddleware
 from serve_app.ingress.metrics import Outcome
-from serve_app.ingress.pipeline import Renderer, RequestPipeline, Routed
+from serve_app.ingress.pipeline import Renderer, RequestPipeline
+from serve_app.ingress.routed import Routed
 from serve_app.routing.slo import CLASS_HEADER
 from serve_app.timing import SERVER_TIMING_HEADER
 

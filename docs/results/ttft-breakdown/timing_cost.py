@@ -22,7 +22,7 @@ from serve_app.engine.protocol import StreamChunk
 from serve_app.engine.vllm_engine import engine_stages
 from serve_app.ingress import openai_format as fmt
 from serve_app.ingress.metrics import IngressMetrics
-from serve_app.ingress.pipeline import Routed
+from serve_app.ingress.routed import Routed
 from serve_app.routing.estimator import Load
 from serve_app.routing.slo import SLO
 from serve_app.timing import Stage

@@ -31,7 +31,7 @@ from serve_app.routing.policy import (
     RouteTo,
 )
 from serve_app.routing.slo import SLO
-from tests.unit.ingress.test_pipeline_timing import routed
+from tests.unit.ingress.test_routed import routed
 
 POLL_MS = 20.0
 HOLD = Reject(429, RejectReason.PROTECTS_RUNNING, "held", wait_ttft_ms=1.0)

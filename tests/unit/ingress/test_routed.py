@@ -7,7 +7,7 @@ import pytest
 from ray.serve.handle import DeploymentResponseGenerator, _DeploymentResponseBase
 
 from serve_app.engine.protocol import StreamChunk
-from serve_app.ingress.pipeline import Routed
+from serve_app.ingress.routed import Routed
 from serve_app.routing.estimator import Load
 from serve_app.routing.slo import SLO
 from serve_app.timing import Stage, parse_server_timing
