@@ -156,7 +156,10 @@ class EngineReplica:
         prompt_tokens = request.prompt_tokens
         self._arrivals.add()
         self._prefill.queued(prompt_tokens)
-        channel = self._channels.acquire(request.channel) if on_channel else None
+        # held while the stream runs, even one whose chunks go back on the direct socket: a
+        # channel idle for IDLE_S ends, and the ingress would open it again (a Serve call) at
+        # its next dispatch
+        channel = self._channels.acquire(request.channel)
         served_by = self._frontends.pick(self._streams - 1) if self._frontends is not None else 0
         if served_by:
             assert self._frontends is not None
@@ -165,7 +168,8 @@ class EngineReplica:
         else:
             chunks = self._engine.generate(request)
             budget = self._budget
-        relayed = relay(chunks, request, channel, received, budget, lambda: self._streams)
+        carrier = channel if on_channel else None
+        relayed = relay(chunks, request, carrier, received, budget, lambda: self._streams)
         try:
             async for chunk, carried in relayed:
                 if first_at is None and chunk.num_tokens:

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from serve_app.engine.channel import ChannelHello
+from serve_app.engine.channel import ChannelHello, Channels
 from serve_app.engine.protocol import (
     Engine,
     EngineDeadError,
@@ -281,6 +281,27 @@ async def test_a_direct_request_s_chunks_come_back_on_the_socket_not_the_channel
     await asyncio.sleep(0.05)
     assert not nothing.done()  # the channel carried none of it
     nothing.cancel()
+    dispatch.stop()
+
+
+async def test_the_channel_stays_open_while_a_direct_stream_runs() -> None:
+    """A channel no stream uses ends (the ingress would open it again, a Serve call, at its
+    next dispatch); a direct stream keeps its ingress's channel open though its chunks go on
+    the socket."""
+    replica, engine = await make_replica()
+    replica._channels = Channels(replica._replica_id, idle_s=0.1)
+    channel = replica.channel("ingress-1")
+    assert isinstance(await anext(channel), ChannelHello)
+    dispatch, connection = await reach(replica)
+    call = connection.call(GenerationRequest("held", [1], 2, channel="ingress-1"))
+    assert (await anext(call)).text == "t0"
+    waiting = asyncio.ensure_future(anext(channel))
+    await asyncio.sleep(0.3)  # three idle periods
+    assert not waiting.done()  # still open: a stream holds it
+    engine.release.set()
+    assert [c.text async for c in call] == ["t1"]
+    with pytest.raises(StopAsyncIteration):  # idle once the stream ended
+        await asyncio.wait_for(waiting, 5)
     dispatch.stop()
 
 
