@@ -19,6 +19,7 @@ from serve_app.engine.replica import EngineReplica
 from serve_app.ingress.direct import DirectConnection, DirectDispatch
 from serve_app.profiles import EngineArgs, EngineProfile, Platform, ResolvedProfile
 from serve_app.timing import Stage
+from tests.unit.engine.test_direct import until
 
 PROFILE = EngineProfile(
     name="p", model="m", engine=EngineArgs(max_model_len=1024, kv_cache_memory_bytes=1 << 28)
@@ -252,10 +253,7 @@ async def reach(replica: EngineReplica) -> tuple[DirectDispatch, DirectConnectio
     """An ingress's end of direct dispatch, once connected to `replica`."""
     dispatch = DirectDispatch(replica.report().placement.node_id)
     placements = [("r", replica.report().placement)]
-    for _ in range(100):
-        if dispatch.pick(placements) is not None:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: dispatch.pick(placements) is not None)
     connection = dispatch.pick(placements)
     assert connection is not None
     return dispatch, connection
@@ -319,10 +317,7 @@ async def test_a_stop_lets_direct_requests_end_and_sends_no_more_there() -> None
     stopping = replica.__del__()
     assert stopping is not None  # Serve awaits it
     task = asyncio.ensure_future(stopping)
-    for _ in range(100):
-        if connection.draining:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: connection.draining)
     assert connection.draining and dispatch.pick(placements) is None  # by Serve from now on
     await asyncio.sleep(0.05)
     assert not task.done() and not engine.dead  # still waiting for the request
