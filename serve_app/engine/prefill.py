@@ -44,11 +44,13 @@ class PrefillMeter:
         self._advance()
         self.queued_tokens += tokens
 
-    def prefilled(self, tokens: int) -> None:
-        """The request's first token came back: its prompt was prefilled."""
+    def prefilled(self, tokens: int, cached: int = 0) -> None:
+        """The request's first token came back: its prompt was prefilled, but for the `cached`
+        tokens the engine found in its prefix cache (counted as prefilled, the rate would be
+        the cache's, not the engine's)."""
         self._advance()
         self.queued_tokens -= tokens
-        self._tokens += tokens
+        self._tokens += tokens - min(cached, tokens)
 
     def dropped(self, tokens: int) -> None:
         """The request ended before its first token (aborted or failed)."""

@@ -92,6 +92,8 @@ class StreamChunk:
     # A receipt: an engine frontend sent this chunk on its own channel to the ingress, and tells
     # its replica of it (the first token's and the last chunk); not to be sent again
     carried: bool = False
+    # First token's chunk: prompt tokens the engine found in its prefix cache (not prefilled)
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -174,7 +174,7 @@ class EngineReplica:
             async for chunk, carried in relayed:
                 if first_at is None and chunk.num_tokens:
                     first_at = time.perf_counter()
-                    self._prefill.prefilled(prompt_tokens)
+                    self._prefill.prefilled(prompt_tokens, chunk.cached_tokens)
                     self._ttft_ms.append((first_at - started) * 1e3)
                 last = chunk
                 if not carried:

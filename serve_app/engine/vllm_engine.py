@@ -366,7 +366,8 @@ class VLLMEngine(Engine):
         try:
             async for out in self.llm.generate(prompt, params, request.request_id):
                 delta = out.outputs[0]
-                timed = request.sent_at > 0 and completion_tokens == 0 and len(delta.token_ids) > 0
+                first = completion_tokens == 0 and len(delta.token_ids) > 0
+                timed = request.sent_at > 0 and first
                 completion_tokens += len(delta.token_ids)
                 yield StreamChunk(
                     text=delta.text,
@@ -375,6 +376,7 @@ class VLLMEngine(Engine):
                     prompt_tokens=len(request.prompt_token_ids),
                     finish_reason=delta.finish_reason if out.finished else None,
                     stages=engine_stages(out, started, time.monotonic()) if timed else None,
+                    cached_tokens=(out.num_cached_tokens or 0) if first else 0,
                 )
         except VLLMEngineDeadError as e:
             # Re-raised as our type so callers need not import vLLM; the replica is unhealthy now.
@@ -546,6 +548,7 @@ class _Watch:
         self._streams = 0
         self._ended = 0
         self._prompt: dict[str, int] = {}
+        self._cached: dict[str, int] = {}
         self._tokens: dict[tuple[str, int], int] = {}
         self._reported = 0
 
@@ -577,6 +580,7 @@ class _Watch:
 
     def _seen(self, out: Any, cumulative: bool) -> None:
         self._prompt[out.request_id] = len(out.prompt_token_ids or ())
+        self._cached[out.request_id] = out.num_cached_tokens or 0
         for o in out.outputs:
             key = (out.request_id, o.index)
             n = len(o.token_ids)
@@ -594,6 +598,7 @@ class _Watch:
         total = self.completion_tokens
         new, self._reported = total - self._reported, total
         stages, self.stages = self.stages, None
+        first = new > 0 and new == total
         return StreamChunk(
             text="",
             num_tokens=new,
@@ -602,6 +607,7 @@ class _Watch:
             finish_reason=self.finish_reason if self.ended else None,
             stages=stages,
             data=data,
+            cached_tokens=sum(self._cached.values()) if first else 0,
         )
 
 

@@ -62,3 +62,18 @@ def test_recent_rate_counts_a_sliding_window() -> None:
     assert rate.per_s() == 2.0
     clock.now += 6
     assert rate.per_s() == 0.0
+
+
+def test_prompt_tokens_found_in_the_prefix_cache_are_not_counted_as_prefilled() -> None:
+    """A prompt mostly in the prefix cache comes back at once: counted whole, its tokens would
+    make the rate the cache's, far above what a new prompt's prefill takes."""
+    clock = Clock()
+    meter = PrefillMeter(min_tokens=1000, weight=1.0, forget_after_s=30, clock=clock)
+    meter.queued(3000)
+    clock.now += 0.5
+    meter.prefilled(3000)
+    meter.queued(3000)
+    clock.now += 0.1
+    meter.prefilled(3000, cached=2500)
+    assert meter.queued_tokens == 0
+    assert meter.rate() == pytest.approx(3500 / 0.6)

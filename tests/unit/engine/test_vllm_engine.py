@@ -106,6 +106,52 @@ def test_a_stream_the_engine_failed_before_output_is_routed_again_once_it_is_dea
             asyncio.run(chunks())
 
 
+class _CachedLLM:
+    """An AsyncLLM that finds `cached` of the prompt's tokens in its prefix cache and then
+    makes three tokens, one output each, cumulative as the completion layer asks (vLLM reports
+    the hits on every output)."""
+
+    errored = False
+
+    def __init__(self, cached: int) -> None:
+        self._cached = cached
+
+    def generate(self, prompt: Any, params: Any, request_id: str) -> AsyncIterator[Any]:
+        async def stream() -> AsyncIterator[Any]:
+            for i in range(3):
+                yield SimpleNamespace(
+                    request_id=request_id,
+                    prompt_token_ids=[1] * 3000,
+                    num_cached_tokens=self._cached,
+                    outputs=[
+                        SimpleNamespace(index=0, token_ids=[7] * (i + 1), finish_reason="length")
+                    ],
+                    finished=i == 2,
+                    metrics=None,
+                )
+
+        return stream()
+
+
+def test_the_first_token_s_chunk_says_how_much_of_the_prompt_the_prefix_cache_held() -> None:
+    """The replica's prefill rate counts only the prompt tokens the engine computed."""
+    llm = _CachedLLM(cached=2496)
+    state = SimpleNamespace(
+        openai_serving_chat=SimpleNamespace(),
+        openai_serving_completion=_Completions(_WatchedClient(llm)),
+    )
+    layer = OpenAILayer(state, llm)  # type: ignore[arg-type]
+    call = ApiCall(ApiKind.COMPLETION, SimpleNamespace(stream=True, request_id="r1"), [])
+
+    async def chunks() -> list[StreamChunk]:
+        return [chunk async for chunk in layer.serve(call, timed=False)]
+
+    with_tokens = [c for c in asyncio.run(chunks()) if c.num_tokens]
+    assert with_tokens[0].cached_tokens == 2496
+    assert all(c.cached_tokens == 0 for c in with_tokens[1:])
+    assert sum(c.num_tokens for c in with_tokens) == 3
+
+
 class _SwallowingCompletions:
     """vLLM's completion serving class on a non-streamed request: a cancellation while it
     waits for the engine becomes a 400 "Client disconnected" answer, not a cancellation."""
