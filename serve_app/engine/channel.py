@@ -41,12 +41,16 @@ class ChannelHello:
 
     Not accepted: the ingress already has a channel to this replica (Serve routed the call to a
     replica it had reached before); the call ends at once. `frontends`: the Ray actor handles
-    of the replica's engine frontends (engine/frontend.py), each to be given a channel too.
+    of the replica's engine frontends (engine/frontend.py), each to be given a channel too;
+    `sockets`: where each takes channels over a socket ("": by its Ray call only), reachable
+    from node `node_id` (the replica's, where its frontends run).
     """
 
     replica_id: str
     accepted: bool
     frontends: tuple[Any, ...] = ()
+    sockets: tuple[str, ...] = ()
+    node_id: str = ""
 
 
 class Channel:
@@ -86,7 +90,10 @@ class Channels:
         self._replica_id = replica_id
         self._idle_s = idle_s
         self._open: dict[str, Channel] = {}
-        self.frontends: tuple[Any, ...] = ()  # named in the hello
+        # named in the hello (ChannelHello)
+        self.frontends: tuple[Any, ...] = ()
+        self.sockets: tuple[str, ...] = ()
+        self.node_id = ""
 
     def acquire(self, ingress_id: str) -> Channel | None:
         """The open channel to `ingress_id` for one more stream (`release` it when done)."""
@@ -96,14 +103,14 @@ class Channels:
         channel.streams += 1
         return channel
 
-    async def serve(self, ingress_id: str) -> AsyncIterator[ChannelHello | Batch]:
+    async def serve(self, ingress_id: str) -> AsyncGenerator[ChannelHello | Batch, None]:
         """A channel's messages: the hello, then batches until the ingress closes it."""
         if ingress_id in self._open:
-            yield ChannelHello(self._replica_id, accepted=False, frontends=self.frontends)
+            yield self._hello(accepted=False)
             return
         channel = self._open[ingress_id] = Channel(self._idle_s)
         try:
-            yield ChannelHello(self._replica_id, accepted=True, frontends=self.frontends)
+            yield self._hello(accepted=True)
             async for batch in channel.batches():
                 yield batch
         finally:
@@ -111,6 +118,9 @@ class Channels:
             # here are lost with the ingress that was to read them.
             channel.open = False
             del self._open[ingress_id]
+
+    def _hello(self, accepted: bool) -> ChannelHello:
+        return ChannelHello(self._replica_id, accepted, self.frontends, self.sockets, self.node_id)
 
     def __len__(self) -> int:
         return len(self._open)

@@ -6,9 +6,10 @@ and writes each request there instead of making a Serve call. The replica runs t
 `generate()` and sends back on that connection the chunks it serves itself (not on the stream
 channel: a Serve call's message costs more than a frame here), its error, its end; a cancel
 frame aborts it. Streams an engine frontend serves come on that frontend's channel, as they do
-for a Serve call. Frames: (kind, request id, payload), pickled, length-prefixed; what one turn
-of the replica's event loop produced for a connection (the streams one engine step woke) goes
-out in one write.
+for a Serve call; an ingress on the frontend's node takes that channel over a socket of the
+frontend's (`ChannelServer`), not a Ray call. Frames: (kind, request id, payload), pickled,
+length-prefixed; what one turn of the replica's event loop produced for a connection (the
+streams one engine step woke) goes out in one write.
 
 Stopping (Serve's scale-down or redeploy) is a drain, as Serve's own is for its calls: the
 replica stops listening and sends each connection a draining frame, after which that ingress
@@ -109,6 +110,20 @@ async def connect(path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter
     return await asyncio.open_unix_connection(sock=sock)
 
 
+async def listen(path: str, serve: Any) -> asyncio.AbstractServer:
+    """A server on abstract socket `path`, `serve` called for each connection."""
+    # bound here, not by the event loop: uvloop (Serve's replicas run on it) takes the name as
+    # a C string, and an abstract one starts with a NUL
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    return await asyncio.start_unix_server(serve, sock=sock)
+
+
+def socket_path(kind: str) -> str:
+    """A new abstract socket name for this process."""
+    return f"\0serve-app-{kind}-{os.getpid()}-{secrets.token_hex(8)}"
+
+
 def _peer_uid(writer: asyncio.StreamWriter) -> int | None:
     sock = writer.get_extra_info("socket")
     try:
@@ -119,6 +134,15 @@ def _peer_uid(writer: asyncio.StreamWriter) -> int | None:
     return int(uid)
 
 
+def own_user(writer: asyncio.StreamWriter) -> bool:
+    """Whether the connection's peer runs as this process's user; if not, it is closed."""
+    if _peer_uid(writer) == os.getuid():
+        return True
+    logger.warning("direct dispatch: refused a connection from another user")
+    writer.close()
+    return False
+
+
 class DirectServer:
     """The replica's end: runs `generate` for every request a connection brings."""
 
@@ -126,7 +150,7 @@ class DirectServer:
         self, generate: Callable[[GenerationRequest], AsyncGenerator[StreamChunk, None]]
     ) -> None:
         self._generate = generate
-        self.path = f"\0serve-app-direct-{os.getpid()}-{secrets.token_hex(8)}"
+        self.path = socket_path("direct")
         self._server: asyncio.AbstractServer | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._running: set[asyncio.Task[None]] = set()  # requests in flight, every connection
@@ -138,11 +162,7 @@ class DirectServer:
         return len(self._running)
 
     async def start(self) -> None:
-        # bound here, not by the event loop: uvloop (Serve's replicas run on it) takes the name
-        # as a C string, and an abstract one starts with a NUL
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(self.path)
-        self._server = await asyncio.start_unix_server(self._serve, sock=sock)
+        self._server = await listen(self.path, self._serve)
 
     def drain(self) -> None:
         """Stop listening and tell every connection: its ingress sends no more requests here.
@@ -165,9 +185,7 @@ class DirectServer:
         return cut == 0
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if _peer_uid(writer) != os.getuid():
-            logger.warning("direct dispatch: refused a connection from another user")
-            writer.close()
+        if not own_user(writer):
             return
         self._writers.add(writer)
         if self.draining:  # connected as the replica began to stop
@@ -213,3 +231,69 @@ class DirectServer:
                 outbox.put(ERROR, key, e)
             except Exception:  # not picklable: its kind is lost, its message kept
                 outbox.put(ERROR, key, RuntimeError(repr(e)[:1000]))
+
+
+class ChannelServer:
+    """An engine frontend's stream channels (engine/channel.py) over a socket of its own: an
+    ingress on its node connects, sends its id, and reads the channel's messages (the hello,
+    then batches) as frames; closing the connection closes the channel, as cancelling the Ray
+    call does. Saves the ingress Ray's handling of a streaming call's every item."""
+
+    def __init__(self, serve: Callable[[str], AsyncGenerator[Any, None]]) -> None:
+        self._serve_channel = serve
+        self.path = socket_path("channel")
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> None:
+        self._server = await listen(self.path, self._serve)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not own_user(writer):
+            return
+        try:
+            ingress_id = await receive(reader)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+            return
+        pump = asyncio.ensure_future(self._pump(ingress_id, writer))
+        gone = asyncio.ensure_future(reader.read())  # b"": the ingress closed it
+        try:
+            await asyncio.wait({pump, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            pump.cancel()
+            gone.cancel()
+            writer.close()
+        for task in (pump, gone):
+            error = task.exception() if task.done() and not task.cancelled() else None
+            if error is not None and not isinstance(error, ConnectionError):
+                logger.warning("stream channel to ingress %s failed: %r", ingress_id, error)
+
+    async def _pump(self, ingress_id: str, writer: asyncio.StreamWriter) -> None:
+        # closed at once however this ends: the channel is no longer open to this ingress
+        async with contextlib.aclosing(self._serve_channel(ingress_id)) as messages:
+            async for message in messages:
+                send(writer, message)
+                await writer.drain()
+
+
+async def channel_messages(
+    path: str, ingress_id: str
+) -> tuple[AsyncGenerator[Any, None], Callable[[], None]]:
+    """An ingress's end of a ChannelServer's channel: its messages, and how to close it."""
+    reader, writer = await connect(path)
+    send(writer, ingress_id)
+
+    async def messages() -> AsyncGenerator[Any, None]:
+        try:
+            while True:
+                yield await receive(reader)
+        except asyncio.IncompleteReadError:
+            return  # the channel ended (idle, or the frontend stopped)
+        finally:
+            writer.close()
+
+    return messages(), writer.close

@@ -13,9 +13,11 @@ vLLM's OpenAI layer and stream channels of its own.
 Requests still reach the replica through Serve (routing, queueing, autoscaling and cancellation
 stay as they are); it serves a request itself or hands it to the frontend with the fewest
 streams. A frontend sends the stream's chunks on its channel to the request's ingress (the
-channel hello of the replica names the frontends; the ingress opens a channel to each) and
-tells the replica only of the first token and the end (receipts), so the replica's per-stream
-work is two messages, whatever the stream's length.
+channel hello of the replica names the frontends; the ingress opens a channel to each: over
+the frontend's socket when it is on the ingress's node and direct dispatch is on,
+engine/direct.ChannelServer, else by a Ray call) and tells the replica only of the first token
+and the end (receipts), so the replica's per-stream work is two messages, whatever the
+stream's length.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+from serve_app.engine import direct
 from serve_app.engine.channel import Batch, ChannelHello, Channels, receipt, relay
 from serve_app.engine.coalesce import MessageBudget
 from serve_app.engine.protocol import (
@@ -66,9 +69,17 @@ class EngineFrontend:
         ceiling = profile.pool.stream_messages_per_s
         self._budget = MessageBudget(ceiling) if ceiling is not None else None
         self._streams = 0
+        self._socket: direct.ChannelServer | None = None
 
-    async def start(self) -> None:
+    async def start(self) -> str:
+        """Start the engine client, and (with direct dispatch on) the channels' socket: its
+        path, or "" (channels by Ray calls only)."""
         await self._engine.start()
+        if not direct.enabled():
+            return ""
+        self._socket = direct.ChannelServer(self.channel)
+        await self._socket.start()
+        return self._socket.path
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[StreamChunk]:
         """The request's chunks: on this frontend's channel to its ingress when there is one
@@ -93,7 +104,7 @@ class EngineFrontend:
             if channel is not None:
                 channel.streams -= 1
 
-    async def channel(self, ingress_id: str) -> AsyncIterator[ChannelHello | Batch]:
+    async def channel(self, ingress_id: str) -> AsyncGenerator[ChannelHello | Batch, None]:
         async for message in self._channels.serve(ingress_id):
             yield message
 
@@ -102,14 +113,17 @@ class EngineFrontend:
         return self._engine.stats()
 
     def shutdown(self) -> None:
+        if self._socket is not None:
+            self._socket.stop()
         self._engine.shutdown()
 
 
 class Frontends:
     """A replica's engine frontends: started beside it, chosen per request, stopped with it."""
 
-    def __init__(self, handles: list[Any]) -> None:
+    def __init__(self, handles: list[Any], sockets: tuple[str, ...] = ()) -> None:
         self.handles = tuple(handles)
+        self.sockets = sockets  # each one's channel socket ("": none)
         self._streams = [0] * len(handles)  # forwarded to each, in flight
         self._stats = EngineStats()  # the freshest a frontend saw
         self.dead: str | None = None  # why, once a frontend's process is gone
@@ -134,7 +148,7 @@ class Frontends:
         ]
         frontends = cls(handles)
         try:
-            await asyncio.gather(*(h.start.remote() for h in handles))
+            frontends.sockets = tuple(await asyncio.gather(*(h.start.remote() for h in handles)))
         except BaseException:
             frontends.stop()
             raise

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any, cast
 
+from serve_app.engine import direct
 from serve_app.engine.channel import Batch, ChannelHello
 from serve_app.engine.protocol import StreamChunk
 
@@ -134,17 +135,27 @@ class ChannelStream:
 class IngressChannels:
     """This ingress's channels to the pools' replicas, and the streams they deliver to."""
 
-    def __init__(self, pools: Mapping[str, Any], ingress_id: str, enabled: Iterable[str]) -> None:
+    def __init__(
+        self,
+        pools: Mapping[str, Any],
+        ingress_id: str,
+        enabled: Iterable[str],
+        node_id: str = "",
+    ) -> None:
+        """`node_id`: this ingress's node (an engine frontend there is reached by its socket)."""
         self._pools = pools
         self._ingress_id = ingress_id
+        self._node_id = node_id
         self._enabled = frozenset(enabled)
         self._streams: dict[str, ChannelStream] = {}
         self._open: dict[str, set[str]] = {pool: set() for pool in self._enabled}
         self._opening: dict[str, asyncio.Task[None]] = {}
         self._readers: set[asyncio.Task[None]] = set()
         self._frontends: set[str] = set()  # engine frontends (actor ids) with a channel
-        # the engine frontends the pools' replicas named, by actor id
-        self._known: dict[str, dict[str, Any]] = {pool: {} for pool in self._enabled}
+        self._by_socket: set[str] = set()  # the open channels that came over a socket
+        # the engine frontends the pools' replicas named, by actor id: the handle, and the
+        # channel socket to use ("": the Ray call)
+        self._known: dict[str, dict[str, tuple[Any, str]]] = {pool: {} for pool in self._enabled}
 
     @property
     def ingress_id(self) -> str:
@@ -155,12 +166,16 @@ class IngressChannels:
         (`<replica id>/<index>`)."""
         return frozenset(self._open.get(pool, ()))
 
+    def by_socket(self) -> frozenset[str]:
+        """The open channels (of `open_to`'s) that this ingress reads over a socket."""
+        return frozenset(self._by_socket)
+
     def want(self, pool: str, replica_ids: Iterable[str]) -> None:
         """Open channels to the replicas of `pool` that lack one (one call at a time)."""
         if pool not in self._enabled:
             return
-        for key, frontend in self._known[pool].items():
-            self._want_frontend(pool, key, frontend)  # never opened, or closed when idle
+        for key, (frontend, path) in self._known[pool].items():
+            self._want_frontend(pool, key, frontend, path)  # never opened, or closed when idle
         if pool in self._opening or set(replica_ids) <= self._open[pool]:
             return
         task = asyncio.get_running_loop().create_task(self._open_one(pool))
@@ -188,10 +203,12 @@ class IngressChannels:
             stream.cancel()
             await asyncio.sleep(RETRY_S)
             return
-        for frontend in hello.frontends:
+        local = hello.node_id == self._node_id
+        for i, frontend in enumerate(hello.frontends):
             key = frontend._actor_id.hex()
-            self._known[pool][key] = frontend
-            self._want_frontend(pool, key, frontend)
+            path = hello.sockets[i] if local and i < len(hello.sockets) else ""
+            self._known[pool][key] = (frontend, path)
+            self._want_frontend(pool, key, frontend, path)
         if not hello.accepted:  # Serve routed it to a replica already reached
             await asyncio.sleep(RETRY_S / 10)
             return
@@ -199,15 +216,43 @@ class IngressChannels:
         logger.debug("pool %s: stream channel to replica %s open", pool, hello.replica_id)
         self._start(self._read(pool, hello.replica_id, stream, stream.cancel))
 
-    def _want_frontend(self, pool: str, key: str, frontend: Any) -> None:
+    def _want_frontend(self, pool: str, key: str, frontend: Any, path: str) -> None:
         if key not in self._frontends:
             self._frontends.add(key)
-            self._start(self._open_frontend(pool, key, frontend))
+            self._start(self._open_frontend(pool, key, frontend, path))
 
-    async def _open_frontend(self, pool: str, key: str, frontend: Any) -> None:
-        """A channel to one of a replica's engine frontends (engine/frontend.py): a Ray actor
-        call, not a Serve one, the frontend being named. One that fails to open is forgotten
-        until a replica names it again."""
+    async def _open_frontend(self, pool: str, key: str, frontend: Any, path: str) -> None:
+        """A channel to one of a replica's engine frontends (engine/frontend.py): over its
+        socket (`path`, on this node), else a Ray actor call, not a Serve one, the frontend
+        being named. One that fails to open is forgotten until a replica names it again."""
+        cancel: Callable[[], None] | None = None
+        try:
+            try:
+                stream, cancel = await self._frontend_channel(frontend, path)
+                hello = cast(ChannelHello, await asyncio.wait_for(anext(stream), HELLO_TIMEOUT_S))
+            except Exception as e:
+                logger.warning("pool %s: stream channel to a frontend failed: %r", pool, e)
+                self._known[pool].pop(key, None)
+                if cancel is not None:
+                    cancel()
+                return
+            if not hello.accepted:
+                cancel()  # (the frontend ended it: closes this end of a socket)
+                return
+            logger.debug("pool %s: stream channel to frontend %s open", pool, hello.replica_id)
+            self._open[pool].add(hello.replica_id)
+            if path:
+                self._by_socket.add(hello.replica_id)
+            await self._read(pool, hello.replica_id, stream, cancel)
+        finally:
+            self._frontends.discard(key)
+
+    async def _frontend_channel(
+        self, frontend: Any, path: str
+    ) -> tuple[AsyncIterator[Any], Callable[[], None]]:
+        """A frontend channel's messages, and how to close it."""
+        if path:
+            return await direct.channel_messages(path, self._ingress_id)
         import ray
 
         call = frontend.channel.options(num_returns="streaming").remote(self._ingress_id)
@@ -216,21 +261,7 @@ class IngressChannels:
             if ray.is_initialized():
                 ray.cancel(call)
 
-        try:
-            stream = _values(call)
-            try:
-                hello = cast(ChannelHello, await asyncio.wait_for(anext(stream), HELLO_TIMEOUT_S))
-            except Exception as e:
-                logger.warning("pool %s: stream channel to a frontend failed: %r", pool, e)
-                self._known[pool].pop(key, None)
-                cancel()
-                return
-            if hello.accepted:
-                logger.debug("pool %s: stream channel to frontend %s open", pool, hello.replica_id)
-                self._open[pool].add(hello.replica_id)
-                await self._read(pool, hello.replica_id, stream, cancel)
-        finally:
-            self._frontends.discard(key)
+        return _values(call), cancel
 
     def _start(self, reader: Any) -> None:
         task = asyncio.get_running_loop().create_task(reader)
@@ -252,6 +283,7 @@ class IngressChannels:
             logger.info("pool %s: stream channel to %s closed: %r", pool, replica_id, e)
         finally:
             self._open[pool].discard(replica_id)
+            self._by_socket.discard(replica_id)
 
     def stop(self) -> None:
         for task in (*self._opening.values(), *self._readers):

@@ -209,7 +209,10 @@ class RequestPipeline:
         self._refused: dict[str, int] = {}
         self._ingress_id = ingress_id
         self._channels = IngressChannels(
-            self._pools, ingress_id, [n for n, p in config.pools.items() if p.stream_channel]
+            self._pools,
+            ingress_id,
+            [n for n, p in config.pools.items() if p.stream_channel],
+            _node_id(),
         )
         self._held = 0  # requests waiting for a pool that protects its running requests
         self._direct = DirectDispatch(_node_id()) if direct_dispatch.enabled() else None
@@ -308,6 +311,7 @@ class RequestPipeline:
         """Each pool's state as routing sees it: replicas, queues, KV use, learned factors."""
         out: dict[str, object] = {}
         now = time.time()
+        by_socket = self._channels.by_socket()
         for view in self._router.views(now):
             factors = view.model.factors(now)  # as routing uses them now
             snap = self._router.snapshots[view.name]
@@ -354,6 +358,10 @@ class RequestPipeline:
                         "stream_channel": rid in channels,
                         # ... and to its engine frontends (engine/frontend.py)
                         "frontend_channels": sum(c.startswith(f"{rid}/") for c in channels),
+                        # ... of which over the frontend's socket (engine/direct.ChannelServer)
+                        "frontend_channels_by_socket": sum(
+                            c.startswith(f"{rid}/") for c in channels & by_socket
+                        ),
                         # this ingress sends it requests over its socket (engine/direct.py)
                         "direct_dispatch": self._direct is not None
                         and self._direct.connected(p.dispatch_path),

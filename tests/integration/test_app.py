@@ -198,7 +198,8 @@ def _frontend_cpu_s() -> dict[int, float]:
 def test_an_engines_streams_spread_over_its_frontends_each_whole(app_server: AppServer) -> None:
     """The throughput pool runs 2 processes per engine on CPU (pool.frontends): the replica and
     an engine frontend, which serves its share of the streams and sends their chunks on its own
-    channel to the ingress. Each stream is whole and is the answer its request gets unstreamed."""
+    channel to the ingress (over the frontend's socket: the ingress is on its node). Each stream
+    is whole and is the answer its request gets unstreamed."""
     pinned = {"x-route-policy": "single:throughput"}
     base = {"model": MODEL, "prompt": "Far away", "max_tokens": 48, "ignore_eos": True}
     requests = [{**base, "temperature": 0.8, "seed": seed} for seed in range(8)]
@@ -215,15 +216,17 @@ def test_an_engines_streams_spread_over_its_frontends_each_whole(app_server: App
                     events += 1
         return text, events
 
-    async def frontend_channels(c: httpx.AsyncClient, done: asyncio.Event) -> int:
-        most = 0
+    async def frontend_channels(c: httpx.AsyncClient, done: asyncio.Event) -> tuple[int, int]:
+        """The most channels to the frontends seen open, and the most of them over a socket."""
+        most, by_socket = 0, 0
         while not done.is_set():
             placement = (await c.get("/pools")).json()["throughput"]["placement"]
             most = max(most, *(p["frontend_channels"] for p in placement))
+            by_socket = max(by_socket, *(p["frontend_channels_by_socket"] for p in placement))
             await asyncio.sleep(0.05)
-        return most
+        return most, by_socket
 
-    async def run() -> tuple[list[str], list[tuple[str, int]], int]:
+    async def run() -> tuple[list[str], list[tuple[str, int]], tuple[int, int]]:
         async with httpx.AsyncClient(base_url=app_server.url, timeout=120) as c:
             whole = [
                 (await c.post("/v1/completions", json=r, headers=pinned)).json() for r in requests
@@ -238,11 +241,12 @@ def test_an_engines_streams_spread_over_its_frontends_each_whole(app_server: App
             most = await watch
         return [w["choices"][0]["text"] for w in whole], list(results), most
 
-    whole, results, most = asyncio.run(run())
+    whole, results, (most, by_socket) = asyncio.run(run())
     assert [text for text, _ in results] == whole
     assert len(set(whole)) > 1
     assert all(events >= 1 for _, events in results)
     assert most >= 1  # the ingress had a channel to the frontend
+    assert by_socket >= 1  # over the frontend's socket: one node, direct dispatch on
     after = _frontend_cpu_s()
     # the frontend served streams: an idle one uses next to no CPU
     assert max(after.get(pid, 0.0) - t for pid, t in before.items()) > 0.1, (before, after)

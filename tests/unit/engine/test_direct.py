@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from serve_app.engine import direct
+from serve_app.engine.channel import ChannelHello, Channels
 from serve_app.engine.direct import DirectServer
 from serve_app.engine.protocol import (
     EngineDeadError,
@@ -213,3 +214,30 @@ async def test_what_one_turn_of_the_loop_produced_goes_out_in_one_write() -> Non
     outbox.put(direct.END, "a")
     await asyncio.sleep(0)
     assert len(writer.writes) == 2
+
+
+async def test_a_channel_over_the_socket_brings_its_messages_and_closes_with_its_connection() -> (
+    None
+):
+    """An engine frontend's channel to an ingress on its node (ChannelServer): the hello and
+    the batches as frames; the ingress closing the connection closes the channel there."""
+    channels = Channels("replica-1/1")
+    server = direct.ChannelServer(channels.serve)
+    await server.start()
+    try:
+        messages, close = await direct.channel_messages(server.path, "ingress-a")
+        assert await anext(messages) == ChannelHello("replica-1/1", accepted=True)
+        channel = channels.acquire("ingress-a")
+        assert channel is not None
+        chunk = StreamChunk("", 1, 1, 2)
+        channel.put("r1", chunk)
+        channel.put("r1", None)
+        assert await anext(messages) == [("r1", chunk), ("r1", None)]
+        # a second connection of the same ingress is not accepted, and ends
+        again, _ = await direct.channel_messages(server.path, "ingress-a")
+        assert [m async for m in again] == [ChannelHello("replica-1/1", accepted=False)]
+        close()
+        await until(lambda: len(channels) == 0)
+        assert not channel.open
+    finally:
+        server.stop()

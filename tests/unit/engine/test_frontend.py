@@ -7,6 +7,8 @@ import inspect
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
+
 from serve_app.engine.channel import Channel, relay
 from serve_app.engine.fake import FakeEngine
 from serve_app.engine.frontend import EngineFrontend, Frontends
@@ -71,8 +73,10 @@ class LocalActor:
     def __init__(self, target: Any, key: str) -> None:
         self._target = target
         self._actor_id = _ActorId(key)
+        self.called: list[str] = []
 
     def __getattr__(self, name: str) -> _Call:
+        self.called.append(name)
         return _Call(getattr(self._target, name))
 
 
@@ -81,13 +85,19 @@ def frontend(replica_id: str) -> tuple[EngineFrontend, FakeEngine]:
     return EngineFrontend(PROFILE, f"{replica_id}/1", engine=engine), engine
 
 
-async def make() -> tuple[IngressChannels, EngineReplica, FakeEngine, FakeEngine]:
+async def make(
+    socket: bool = False, ingress_node: str = ""
+) -> tuple[IngressChannels, EngineReplica, FakeEngine, FakeEngine]:
+    """`socket`: the frontend takes channels on its socket too (started as Frontends.start
+    does). The replica's node is "" here, as is the ingress's unless `ingress_node`."""
     replica = EngineReplica.__new__(EngineReplica)
     await replica.__init__(PROFILE, None, FakeEngine)  # type: ignore[misc]
     served, its_engine = frontend(replica._replica_id)
-    replica._frontends = Frontends([LocalActor(served, "actor-1")])
+    sockets = (await served.start(),) if socket else ()
+    replica._frontends = Frontends([LocalActor(served, "actor-1")], sockets)
     replica._channels.frontends = replica._frontends.handles
-    channels = IngressChannels({"p": LocalHandle(replica)}, "ingress-a", ["p"])
+    replica._channels.sockets = replica._frontends.sockets
+    channels = IngressChannels({"p": LocalHandle(replica)}, "ingress-a", ["p"], ingress_node)
     return channels, replica, replica._engine, its_engine  # type: ignore[return-value]
 
 
@@ -101,8 +111,18 @@ async def read(stream: ChannelStream) -> list[StreamChunk]:
     return [c async for c in stream]
 
 
-async def test_streams_spread_over_the_frontends_and_arrive_whole_on_their_channels() -> None:
-    channels, replica, own_engine, frontend_engine = await make()
+@pytest.mark.parametrize(
+    ("socket", "ingress_node", "by_socket"),
+    [
+        (False, "", False),  # the frontend has no socket: its Ray call
+        (True, "", True),  # on its node: its socket
+        (True, "another-node", False),  # elsewhere: its Ray call
+    ],
+)
+async def test_streams_spread_over_the_frontends_and_arrive_whole_on_their_channels(
+    socket: bool, ingress_node: str, by_socket: bool
+) -> None:
+    channels, replica, own_engine, frontend_engine = await make(socket, ingress_node)
     channels.want("p", [replica._replica_id])
     for _ in range(100):  # the replica's channel, then (named in its hello) the frontend's
         if len(channels.open_to("p")) == 2:
@@ -118,7 +138,11 @@ async def test_streams_spread_over_the_frontends_and_arrive_whole_on_their_chann
     # the process serving the fewest streams took each: half each
     assert (own_engine.started, frontend_engine.started) == (3, 3)
     assert list(replica._ttft_ms) and len(replica._tpot_ms) == 6  # receipts told the replica
+    actor = replica._frontends.handles[0]
+    assert ("channel" in actor.called) is not by_socket
     channels.stop()
+    if socket:
+        actor._target.shutdown()
 
 
 async def test_a_frontend_without_the_ingress_channel_streams_through_the_replica() -> None:
