@@ -36,7 +36,7 @@ import struct
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
-from serve_app.engine.protocol import GenerationRequest, StreamChunk
+from serve_app.engine.protocol import EngineDeadError, GenerationRequest, StreamChunk
 
 logger = logging.getLogger("ray.serve")
 
@@ -231,6 +231,86 @@ class DirectServer:
                 outbox.put(ERROR, key, e)
             except Exception:  # not picklable: its kind is lost, its message kept
                 outbox.put(ERROR, key, RuntimeError(repr(e)[:1000]))
+
+
+_END = object()
+
+
+class DirectCall:
+    """One request's own call over a connection: its chunks, then its end or its error."""
+
+    def __init__(self, connection: DirectConnection, key: str) -> None:
+        self._connection = connection
+        self._key = key
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._done = False
+
+    def __aiter__(self) -> DirectCall:
+        return self
+
+    async def __anext__(self) -> StreamChunk:
+        if self._done:
+            raise StopAsyncIteration
+        item = await self.queue.get()
+        if isinstance(item, StreamChunk):
+            return item
+        self._done = True
+        self._connection.ended(self._key)
+        if isinstance(item, BaseException):
+            raise item
+        raise StopAsyncIteration
+
+    def cancel(self) -> None:
+        if not self._done:
+            self._done = True
+            self._connection.cancel(self._key)
+
+
+class DirectConnection:
+    def __init__(self, path: str, reader: asyncio.StreamReader, writer: Any) -> None:
+        self.path = path
+        self._reader = reader
+        self._writer = writer
+        self.calls: dict[str, DirectCall] = {}
+        self.closed = False
+        self.draining = False  # the replica is stopping: no more requests to it
+        self._task = asyncio.get_running_loop().create_task(self._read())
+
+    def call(self, request: GenerationRequest) -> DirectCall:
+        call = DirectCall(self, request.request_id)
+        self.calls[request.request_id] = call
+        write_frame(self._writer, REQUEST, request.request_id, request)
+        return call
+
+    def ended(self, key: str) -> None:
+        self.calls.pop(key, None)
+
+    def cancel(self, key: str) -> None:
+        if self.calls.pop(key, None) is not None and not self.closed:
+            write_frame(self._writer, CANCEL, key)
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                kind, key, payload = await read_frame(self._reader)
+                if kind == DRAINING:
+                    self.draining = True
+                    logger.info("direct dispatch to %r: the replica is draining", self.path)
+                    continue
+                call = self.calls.get(key)
+                if call is not None:  # a chunk, or the exception its call raised
+                    call.queue.put_nowait(_END if kind == END else payload)
+        except (asyncio.IncompleteReadError, ConnectionError) as e:
+            logger.info("direct dispatch to %r closed: %r", self.path, e)
+        finally:
+            self.closed = True
+            for call in list(self.calls.values()):
+                call.queue.put_nowait(EngineDeadError("the replica's connection closed"))
+            self.calls.clear()
+            self._writer.close()
+
+    def close(self) -> None:
+        self._task.cancel()
 
 
 class ChannelServer:

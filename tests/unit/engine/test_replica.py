@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from serve_app.engine.channel import ChannelHello, Channels
+from serve_app.engine.direct import DirectConnection
 from serve_app.engine.protocol import (
     Engine,
     EngineDeadError,
@@ -16,7 +17,7 @@ from serve_app.engine.protocol import (
     StreamChunk,
 )
 from serve_app.engine.replica import EngineReplica
-from serve_app.ingress.direct import DirectConnection, DirectDispatch
+from serve_app.ingress.direct import DirectDispatch
 from serve_app.profiles import EngineArgs, EngineProfile, Platform, ResolvedProfile
 from serve_app.timing import Stage
 from tests.unit.engine.test_direct import until
