@@ -10,9 +10,10 @@ replica starts the engine core for F clients (vllm_engine.launch_engine_core), i
 first, and starts F - 1 `EngineFrontend` actors on its node, each one more AsyncLLM client with
 vLLM's OpenAI layer and stream channels of its own.
 
-Requests still reach the replica through Serve (routing, queueing, autoscaling and cancellation
-stay as they are); it serves a request itself or hands it to the frontend with the fewest
-streams. A frontend sends the stream's chunks on its channel to the request's ingress (the
+Requests still reach the replica (by direct dispatch or Serve: routing, queueing, autoscaling
+and cancellation stay as they are); it serves a request itself or hands it to the frontend with
+the fewest streams, over that frontend's socket with direct dispatch on (engine/direct.py's
+protocol: a frame each way, not a Ray actor call). A frontend sends the stream's chunks on its channel to the request's ingress (the
 channel hello of the replica names the frontends; the ingress opens a channel to each: over
 the frontend's socket when it is on the ingress's node and direct dispatch is on,
 engine/direct.ChannelServer, else by a Ray call) and tells the replica only of the first token
@@ -27,7 +28,8 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from serve_app.engine import direct
@@ -47,6 +49,14 @@ if TYPE_CHECKING:
     from serve_app.engine.vllm_engine import ClientSlot
 
 logger = logging.getLogger("ray.serve")
+
+
+@dataclass(frozen=True, slots=True)
+class FrontendSockets:
+    """Where a frontend listens ("": not on a socket; its Ray calls only)."""
+
+    channel: str = ""  # ingresses on its node take their stream channels here
+    dispatch: str = ""  # its replica sends it requests here (engine/direct.py's protocol)
 
 
 class EngineFrontend:
@@ -69,19 +79,21 @@ class EngineFrontend:
         ceiling = profile.pool.stream_messages_per_s
         self._budget = MessageBudget(ceiling) if ceiling is not None else None
         self._streams = 0
-        self._socket: direct.ChannelServer | None = None
+        self._channel_server: direct.ChannelServer | None = None
+        self._dispatch_server: direct.DirectServer | None = None
 
-    async def start(self) -> str:
-        """Start the engine client, and (with direct dispatch on) the channels' socket: its
-        path, or "" (channels by Ray calls only)."""
+    async def start(self) -> FrontendSockets:
+        """Start the engine client and, with direct dispatch on, the frontend's sockets."""
         await self._engine.start()
         if not direct.enabled():
-            return ""
-        self._socket = direct.ChannelServer(self.channel)
-        await self._socket.start()
-        return self._socket.path
+            return FrontendSockets()
+        self._channel_server = direct.ChannelServer(self.channel)
+        self._dispatch_server = direct.DirectServer(self.generate)
+        await self._channel_server.start()
+        await self._dispatch_server.start()
+        return FrontendSockets(self._channel_server.path, self._dispatch_server.path)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[StreamChunk]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[StreamChunk, None]:
         """The request's chunks: on this frontend's channel to its ingress when there is one
         (yielding receipts of the first token and the end), else yielded."""
         received = time.time()
@@ -113,17 +125,21 @@ class EngineFrontend:
         return self._engine.stats()
 
     def shutdown(self) -> None:
-        if self._socket is not None:
-            self._socket.stop()
+        if self._channel_server is not None:
+            self._channel_server.stop()
+        if self._dispatch_server is not None:
+            self._dispatch_server.drain()
         self._engine.shutdown()
 
 
 class Frontends:
     """A replica's engine frontends: started beside it, chosen per request, stopped with it."""
 
-    def __init__(self, handles: list[Any], sockets: tuple[str, ...] = ()) -> None:
+    def __init__(self, handles: list[Any], sockets: Sequence[FrontendSockets] = ()) -> None:
         self.handles = tuple(handles)
-        self.sockets = sockets  # each one's channel socket ("": none)
+        self.sockets = tuple(sockets)  # each one's (none: all by Ray calls)
+        # the replica's connection to each one's dispatch socket (None: by Ray calls)
+        self._connections: list[direct.DirectConnection | None] = [None] * len(self.handles)
         self._streams = [0] * len(handles)  # forwarded to each, in flight
         self._stats = EngineStats()  # the freshest a frontend saw
         self.dead: str | None = None  # why, once a frontend's process is gone
@@ -148,11 +164,31 @@ class Frontends:
         ]
         frontends = cls(handles)
         try:
-            frontends.sockets = tuple(await asyncio.gather(*(h.start.remote() for h in handles)))
+            sockets = await asyncio.gather(*(h.start.remote() for h in handles))
         except BaseException:
             frontends.stop()
             raise
+        frontends.sockets = tuple(sockets)
+        await frontends.connect()
         return frontends
+
+    async def connect(self) -> None:
+        """Connect to each frontend's dispatch socket (they run on this node); one that fails
+        gets its requests by Ray calls."""
+        for i, sockets in enumerate(self.sockets):
+            if not sockets.dispatch:
+                continue
+            try:
+                reader, writer = await direct.connect(sockets.dispatch)
+            except OSError as e:
+                logger.warning("engine frontend %d: its socket failed, Ray calls: %r", i + 1, e)
+                continue
+            self._connections[i] = direct.DirectConnection(sockets.dispatch, reader, writer)
+
+    @property
+    def channel_sockets(self) -> tuple[str, ...]:
+        """Each frontend's channel socket, as the channel hello names them."""
+        return tuple(s.channel for s in self.sockets)
 
     def pick(self, others: int) -> int:
         """Where the next stream goes: the process serving the fewest (0: the replica; ties go
@@ -161,7 +197,27 @@ class Frontends:
         return streams.index(min(streams))
 
     async def forward(self, index: int, request: GenerationRequest) -> AsyncIterator[StreamChunk]:
-        """The request served by frontend `index` (1-based): its chunks or receipts."""
+        """The request served by frontend `index` (1-based): its chunks or receipts, over its
+        socket (a frame each way, as an ingress's direct dispatch) or else by a Ray call."""
+        connection = self._connections[index - 1]
+        if connection is not None and not connection.closed:
+            self._streams[index - 1] += 1
+            call = connection.call(request)
+            try:
+                async for chunk in call:
+                    yield chunk
+            except EngineDeadError as e:  # its engine's, or its process gone (the socket)
+                raise EngineDeadError(f"engine frontend {index} died: {e}"[:300]) from None
+            finally:
+                self._streams[index - 1] -= 1
+                call.cancel()  # (a call that ended: nothing to do)
+            return
+        async for chunk in self._forward_by_ray(index, request):
+            yield chunk
+
+    async def _forward_by_ray(
+        self, index: int, request: GenerationRequest
+    ) -> AsyncIterator[StreamChunk]:
         import ray
 
         self._streams[index - 1] += 1
@@ -211,6 +267,9 @@ class Frontends:
     def stop(self) -> None:
         import ray
 
+        for connection in self._connections:
+            if connection is not None:
+                connection.close()
         if not ray.is_initialized():  # (unit tests: handles in this process)
             return
         for handle in self.handles:

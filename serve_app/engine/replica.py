@@ -115,7 +115,7 @@ class EngineReplica:
                 ENGINE_START_TIMEOUT_S,
             )
             self._channels.frontends = self._frontends.handles
-            self._channels.sockets = self._frontends.sockets
+            self._channels.sockets = self._frontends.channel_sockets
             self._channels.node_id = self._placement.node_id
         logger.info(
             "pool %s: engine ready in %.1f s (model %s, %d processes serving it)",

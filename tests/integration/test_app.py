@@ -195,11 +195,24 @@ def _frontend_cpu_s() -> dict[int, float]:
     return out
 
 
+def _frontend_dispatch_sockets() -> list[int]:
+    """For each engine frontend process: how many of its sockets bear its dispatch socket's
+    name (the one listening, and one per connection accepted there: its replica's)."""
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "EngineFrontend" in " ".join(p.cmdline()):
+                names = [c.laddr for c in p.net_connections(kind="unix")]
+                out.append(sum("serve-app-direct" in str(n) for n in names))
+    return out
+
+
 def test_an_engines_streams_spread_over_its_frontends_each_whole(app_server: AppServer) -> None:
     """The throughput pool runs 2 processes per engine on CPU (pool.frontends): the replica and
-    an engine frontend, which serves its share of the streams and sends their chunks on its own
-    channel to the ingress (over the frontend's socket: the ingress is on its node). Each stream
-    is whole and is the answer its request gets unstreamed."""
+    an engine frontend, which gets its share of the streams from the replica over its socket
+    and sends their chunks on its own channel to the ingress (over another socket of its: the
+    ingress is on its node). Each stream is whole and is the answer its request gets
+    unstreamed."""
     pinned = {"x-route-policy": "single:throughput"}
     base = {"model": MODEL, "prompt": "Far away", "max_tokens": 48, "ignore_eos": True}
     requests = [{**base, "temperature": 0.8, "seed": seed} for seed in range(8)]
@@ -247,6 +260,8 @@ def test_an_engines_streams_spread_over_its_frontends_each_whole(app_server: App
     assert all(events >= 1 for _, events in results)
     assert most >= 1  # the ingress had a channel to the frontend
     assert by_socket >= 1  # over the frontend's socket: one node, direct dispatch on
+    # the replica reaches each frontend on its dispatch socket (listening, and connected)
+    assert _frontend_dispatch_sockets() and min(_frontend_dispatch_sockets()) >= 2
     after = _frontend_cpu_s()
     # the frontend served streams: an idle one uses next to no CPU
     assert max(after.get(pid, 0.0) - t for pid, t in before.items()) > 0.1, (before, after)

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from serve_app.engine.channel import Channel, relay
+from serve_app.engine.direct import DirectServer
 from serve_app.engine.fake import FakeEngine
-from serve_app.engine.frontend import EngineFrontend, Frontends
+from serve_app.engine.frontend import EngineFrontend, Frontends, FrontendSockets
 from serve_app.engine.protocol import (
     EngineDeadError,
     EngineRequestError,
@@ -88,15 +89,17 @@ def frontend(replica_id: str) -> tuple[EngineFrontend, FakeEngine]:
 async def make(
     socket: bool = False, ingress_node: str = ""
 ) -> tuple[IngressChannels, EngineReplica, FakeEngine, FakeEngine]:
-    """`socket`: the frontend takes channels on its socket too (started as Frontends.start
-    does). The replica's node is "" here, as is the ingress's unless `ingress_node`."""
+    """`socket`: the frontend takes requests and channels on its sockets too (started as
+    Frontends.start does). The replica's node is "" here, as is the ingress's unless
+    `ingress_node`."""
     replica = EngineReplica.__new__(EngineReplica)
     await replica.__init__(PROFILE, None, FakeEngine)  # type: ignore[misc]
     served, its_engine = frontend(replica._replica_id)
     sockets = (await served.start(),) if socket else ()
     replica._frontends = Frontends([LocalActor(served, "actor-1")], sockets)
+    await replica._frontends.connect()
     replica._channels.frontends = replica._frontends.handles
-    replica._channels.sockets = replica._frontends.sockets
+    replica._channels.sockets = replica._frontends.channel_sockets
     channels = IngressChannels({"p": LocalHandle(replica)}, "ingress-a", ["p"], ingress_node)
     return channels, replica, replica._engine, its_engine  # type: ignore[return-value]
 
@@ -114,9 +117,9 @@ async def read(stream: ChannelStream) -> list[StreamChunk]:
 @pytest.mark.parametrize(
     ("socket", "ingress_node", "by_socket"),
     [
-        (False, "", False),  # the frontend has no socket: its Ray call
-        (True, "", True),  # on its node: its socket
-        (True, "another-node", False),  # elsewhere: its Ray call
+        (False, "", False),  # the frontend has no sockets: Ray calls
+        (True, "", True),  # the ingress on its node: its channel socket
+        (True, "another-node", False),  # elsewhere: its channel by a Ray call
     ],
 )
 async def test_streams_spread_over_the_frontends_and_arrive_whole_on_their_channels(
@@ -140,6 +143,7 @@ async def test_streams_spread_over_the_frontends_and_arrive_whole_on_their_chann
     assert list(replica._ttft_ms) and len(replica._tpot_ms) == 6  # receipts told the replica
     actor = replica._frontends.handles[0]
     assert ("channel" in actor.called) is not by_socket
+    assert ("generate" in actor.called) is not socket  # the replica's own socket to it
     channels.stop()
     if socket:
         actor._target.shutdown()
@@ -266,3 +270,50 @@ async def test_a_frontends_error_reaches_the_replica_as_its_own_class() -> None:
             raise AssertionError("no error")
         except Exception as e:
             assert type(e) is type(cause) and str(e) == str(cause), repr(e)
+
+
+async def _failing(request: GenerationRequest) -> AsyncIterator[StreamChunk]:
+    raise EngineRequestError("bad parameter")
+    yield  # an async generator
+
+
+async def _endless(request: GenerationRequest) -> AsyncIterator[StreamChunk]:
+    for i in range(1000):
+        yield StreamChunk("", 1, i + 1, 1)
+        await asyncio.sleep(0.01)
+
+
+async def test_over_the_socket_a_frontends_error_keeps_its_class_and_a_lost_one_is_dead() -> None:
+    servers = [DirectServer(_failing), DirectServer(_endless)]
+    for server in servers:
+        await server.start()
+    frontends = Frontends(["a", "b"], [FrontendSockets(dispatch=s.path) for s in servers])
+    await frontends.connect()
+    with pytest.raises(EngineRequestError, match="bad parameter"):
+        await anext(frontends.forward(1, GenerationRequest("r", [1], 2)))
+    stream = frontends.forward(2, GenerationRequest("s", [1], 1000))
+    assert (await anext(stream)).completion_tokens == 1
+    assert frontends._streams == [0, 1]
+    await servers[1].drained(0)  # its process gone: every connection closed
+    with pytest.raises(EngineDeadError, match="engine frontend 2 died"):
+        async for _ in stream:
+            pass
+    assert frontends._streams == [0, 0]
+    servers[0].drain()
+
+
+async def test_a_request_the_replica_gives_up_is_cancelled_in_the_frontend() -> None:
+    server = DirectServer(_endless)
+    await server.start()
+    frontends = Frontends(["a"], [FrontendSockets(dispatch=server.path)])
+    await frontends.connect()
+    stream = frontends.forward(1, GenerationRequest("r", [1], 1000))
+    await anext(stream)
+    assert server.in_flight == 1
+    await stream.aclose()  # the client left
+    for _ in range(100):
+        if server.in_flight == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert server.in_flight == 0
+    server.drain()
