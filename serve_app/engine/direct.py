@@ -11,6 +11,10 @@ frontend's (`ChannelServer`), not a Ray call. Frames: (kind, request id, payload
 length-prefixed; what one turn of the replica's event loop produced for a connection (the
 streams one engine step woke) goes out in one write.
 
+The same protocol carries a replica's requests to its engine frontends: each frontend listens
+as a replica does (`DirectServer`), and the replica keeps one connection to each
+(`DirectConnection`, the client end an ingress uses too).
+
 Stopping (Serve's scale-down or redeploy) is a drain, as Serve's own is for its calls: the
 replica stops listening and sends each connection a draining frame, after which that ingress
 sends it no more requests (it goes by Serve, whose routers already left the replica out), and
