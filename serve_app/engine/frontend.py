@@ -13,12 +13,12 @@ vLLM's OpenAI layer and stream channels of its own.
 Requests still reach the replica (by direct dispatch or Serve: routing, queueing, autoscaling
 and cancellation stay as they are); it serves a request itself or hands it to the frontend with
 the fewest streams, over that frontend's socket with direct dispatch on (engine/direct.py's
-protocol: a frame each way, not a Ray actor call). A frontend sends the stream's chunks on its channel to the request's ingress (the
-channel hello of the replica names the frontends; the ingress opens a channel to each: over
-the frontend's socket when it is on the ingress's node and direct dispatch is on,
-engine/direct.ChannelServer, else by a Ray call) and tells the replica only of the first token
-and the end (receipts), so the replica's per-stream work is two messages, whatever the
-stream's length.
+protocol: a frame each way, not a Ray actor call). A frontend sends the stream's chunks on its
+channel to the request's ingress (the channel hello of the replica names the frontends; the
+ingress opens a channel to each: over the frontend's socket when it is on the ingress's node
+and direct dispatch is on, engine/direct.ChannelServer, else by a Ray call) and tells the
+replica only of the first token and the end (receipts), so the replica's per-stream work is
+two messages, whatever the stream's length.
 """
 
 from __future__ import annotations
@@ -201,8 +201,8 @@ class Frontends:
         socket (a frame each way, as an ingress's direct dispatch) or else by a Ray call."""
         connection = self._connections[index - 1]
         if connection is not None and not connection.closed:
-            self._streams[index - 1] += 1
             call = connection.call(request)
+            self._streams[index - 1] += 1
             try:
                 async for chunk in call:
                     yield chunk
