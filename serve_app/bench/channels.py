@@ -24,15 +24,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import platform
 import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from serve_app.bench.report import write_rounds
 from serve_app.bench.runner import rotated
 from serve_app.bench.stats import percentiles
 from serve_app.engine.channel import Channel, Channels
@@ -212,12 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     report = table(rows)
     print(report)
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        host = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count()}
-        result = {"args": vars(args) | {"out": str(args.out)}, "host": host, "rows": rows}
-        (args.out / "channels.json").write_text(json.dumps(result, indent=1))
-        (args.out / "channels.md").write_text(report + "\n")
-        print(f"wrote {args.out}/channels.json, channels.md")
+        write_rounds(args.out, "channels", args, rows, report)
     return 0
 
 

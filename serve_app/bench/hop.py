@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -37,6 +35,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from serve_app.bench.report import write_rounds
 from serve_app.bench.runner import rotated
 from serve_app.bench.stats import percentiles
 from serve_app.engine.direct import receive, send
@@ -229,12 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     report = table(rows)
     print(report)
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        host = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count()}
-        result = {"args": vars(args) | {"out": str(args.out)}, "host": host, "rows": rows}
-        (args.out / "hop.json").write_text(json.dumps(result, indent=1))
-        (args.out / "hop.md").write_text(report + "\n")
-        print(f"wrote {args.out}/hop.json, hop.md")
+        write_rounds(args.out, "hop", args, rows, report)
     return 0
 
 

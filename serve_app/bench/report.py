@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import platform
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +75,19 @@ def write_outputs(rows: list[dict[str, Any]], out: Path, name: str, extra_md: st
     (out / f"{name}.json").write_text(json.dumps(rows, indent=2) + "\n")
     (out / f"{name}.md").write_text(markdown_table(rows) + "\n" + extra_md)
     plot(rows, out / f"{name}.png")
+
+
+def write_rounds(
+    out: Path, name: str, args: argparse.Namespace, rows: list[dict[str, Any]], report: str
+) -> None:
+    """A transport bench's rounds: OUT/NAME.json (its arguments, this host, every row) and
+    OUT/NAME.md (its table)."""
+    out.mkdir(parents=True, exist_ok=True)
+    host = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count()}
+    result = {"args": vars(args) | {"out": str(out)}, "host": host, "rows": rows}
+    (out / f"{name}.json").write_text(json.dumps(result, indent=1))
+    (out / f"{name}.md").write_text(report + "\n")
+    print(f"wrote {out}/{name}.json, {name}.md")
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:

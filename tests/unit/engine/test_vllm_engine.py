@@ -80,6 +80,18 @@ class _Completions:
         return events()
 
 
+async def _streamed_completion(llm: Any) -> list[StreamChunk]:
+    """A streamed completion's chunks, through OpenAILayer and vLLM's completion class (as far
+    as it goes, _Completions) over the AsyncLLM `llm`."""
+    state = SimpleNamespace(
+        openai_serving_chat=SimpleNamespace(),
+        openai_serving_completion=_Completions(_WatchedClient(llm)),
+    )
+    layer = OpenAILayer(state, llm)
+    call = ApiCall(ApiKind.COMPLETION, SimpleNamespace(stream=True, request_id="r1"), [])
+    return [chunk async for chunk in layer.serve(call, timed=False)]
+
+
 @pytest.mark.parametrize("dead_after_s", [0.0, 0.05, None])
 def test_a_stream_the_engine_failed_before_output_is_routed_again_once_it_is_dead(
     dead_after_s: float | None,
@@ -88,22 +100,12 @@ def test_a_stream_the_engine_failed_before_output_is_routed_again_once_it_is_dea
     the thread watching the engine core marks the engine dead: the replica waits that long
     before taking the failure for the request's own (an error event, as vLLM's server sends)."""
     llm = _DyingLLM(dead_after_s)
-    state = SimpleNamespace(
-        openai_serving_chat=SimpleNamespace(),
-        openai_serving_completion=_Completions(_WatchedClient(llm)),
-    )
-    layer = OpenAILayer(state, llm)  # type: ignore[arg-type]
-    call = ApiCall(ApiKind.COMPLETION, SimpleNamespace(stream=True, request_id="r1"), [])
-
-    async def chunks() -> list[StreamChunk]:
-        return [chunk async for chunk in layer.serve(call, timed=False)]
-
     if dead_after_s is None:
-        events = asyncio.run(chunks())
+        events = asyncio.run(_streamed_completion(llm))
         assert "engine failed" in (events[0].data or "")
     else:
         with pytest.raises(EngineDeadError):
-            asyncio.run(chunks())
+            asyncio.run(_streamed_completion(llm))
 
 
 class _CachedLLM:
@@ -136,17 +138,7 @@ class _CachedLLM:
 def test_the_first_token_s_chunk_says_how_much_of_the_prompt_the_prefix_cache_held() -> None:
     """The replica's prefill rate counts only the prompt tokens the engine computed."""
     llm = _CachedLLM(cached=2496)
-    state = SimpleNamespace(
-        openai_serving_chat=SimpleNamespace(),
-        openai_serving_completion=_Completions(_WatchedClient(llm)),
-    )
-    layer = OpenAILayer(state, llm)  # type: ignore[arg-type]
-    call = ApiCall(ApiKind.COMPLETION, SimpleNamespace(stream=True, request_id="r1"), [])
-
-    async def chunks() -> list[StreamChunk]:
-        return [chunk async for chunk in layer.serve(call, timed=False)]
-
-    with_tokens = [c for c in asyncio.run(chunks()) if c.num_tokens]
+    with_tokens = [c for c in asyncio.run(_streamed_completion(llm)) if c.num_tokens]
     assert with_tokens[0].cached_tokens == 2496
     assert all(c.cached_tokens == 0 for c in with_tokens[1:])
     assert sum(c.num_tokens for c in with_tokens) == 3
