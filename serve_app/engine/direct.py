@@ -148,13 +148,17 @@ def own_user(writer: asyncio.StreamWriter) -> bool:
 
 
 class DirectServer:
-    """The replica's end: runs `generate` for every request a connection brings."""
+    """The serving end (a pool replica's, or an engine frontend's): runs `generate` for every
+    request a connection brings."""
 
     def __init__(
-        self, generate: Callable[[GenerationRequest], AsyncGenerator[StreamChunk, None]]
+        self,
+        generate: Callable[[GenerationRequest], AsyncGenerator[StreamChunk, None]],
+        kind: str = "direct",
     ) -> None:
+        """`kind` names the socket (`serve-app-<kind>-...`): "direct" a pool replica's."""
         self._generate = generate
-        self.path = socket_path("direct")
+        self.path = socket_path(kind)
         self._server: asyncio.AbstractServer | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._running: set[asyncio.Task[None]] = set()  # requests in flight, every connection

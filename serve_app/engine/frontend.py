@@ -88,7 +88,7 @@ class EngineFrontend:
         if not direct.enabled():
             return FrontendSockets()
         self._channel_server = direct.ChannelServer(self.channel)
-        self._dispatch_server = direct.DirectServer(self.generate)
+        self._dispatch_server = direct.DirectServer(self.generate, kind="frontend")
         await self._channel_server.start()
         await self._dispatch_server.start()
         return FrontendSockets(self._channel_server.path, self._dispatch_server.path)

@@ -203,7 +203,7 @@ def _frontend_dispatch_sockets() -> list[int]:
         with contextlib.suppress(psutil.Error):
             if "EngineFrontend" in " ".join(p.cmdline()):
                 names = [c.laddr for c in p.net_connections(kind="unix")]
-                out.append(sum("serve-app-direct" in str(n) for n in names))
+                out.append(sum("serve-app-frontend-" in str(n) for n in names))
     return out
 
 
