@@ -4,7 +4,7 @@
 # its default HTTP path and, as the shipped GPU profiles, 4 processes per engine: profile
 # h200-stream-frontends4; PROFILE=h200-stream-shared for one), same engine arguments, `vllm bench serve`
 # against each in turn at concurrency 64, 256 and 1, 3 repeats, each run >= 20 s and >= 4 x
-# concurrency requests.
+# concurrency requests (MIN_CELL_S=N: >= N s).
 #
 #   SERVE_APP_SITE=<offline vLLM + Ray install> bash docs/results/streaming/run_h200.sh OUT_DIR
 #
@@ -32,7 +32,7 @@ APP_GPU=$(( GPUS > 1 ? 1 : 0 ))
   echo "cores: $(nproc)"; echo "app on GPU $APP_GPU"; } > "$OUT/device.txt" 2>&1
 # exec: a `timeout` or SIGTERM reaches the bench itself, which stops the servers on its way out
 exec python3 -m serve_app.bench.streaming --profile "${PROFILE:-h200-stream-frontends4}" \
-  --concurrency "${CONC-64,256,1}" --repeats "${REPEATS:-3}" --min-cell-s 20 \
+  --concurrency "${CONC-64,256,1}" --repeats "${REPEATS:-3}" --min-cell-s "${MIN_CELL_S:-20}" \
   --output-len 256 --vllm-api-servers "${API_SERVERS:-1,2,4,8}" \
   --requests-per-run "${REQUESTS:-64=960,256=2300,1=45}" \
   --vllm-env CUDA_VISIBLE_DEVICES=0 --app-env CUDA_VISIBLE_DEVICES=$APP_GPU \
