@@ -157,7 +157,7 @@ class EngineReplica:
         self._streams += 1
         prompt_tokens = request.prompt_tokens
         self._arrivals.add()
-        self._prefill.queued(prompt_tokens)
+        queued_at = self._prefill.queued(prompt_tokens)
         # held while the stream runs, even one whose chunks go back on the direct socket: a
         # channel idle for IDLE_S ends, and the ingress would open it again (a Serve call) at
         # its next dispatch
@@ -176,7 +176,7 @@ class EngineReplica:
             async for chunk, carried in relayed:
                 if first_at is None and chunk.num_tokens:
                     first_at = time.perf_counter()
-                    self._prefill.prefilled(prompt_tokens, chunk.cached_tokens)
+                    self._prefill.prefilled(prompt_tokens, queued_at, chunk.cached_tokens)
                     self._ttft_ms.append((first_at - started) * 1e3)
                 last = chunk
                 if not carried:

@@ -17,17 +17,17 @@ def test_rate_is_tokens_over_the_time_prefill_was_pending() -> None:
     clock = Clock()
     meter = PrefillMeter(min_tokens=1000, weight=1.0, forget_after_s=30, clock=clock)
     assert meter.rate() is None
-    meter.queued(3000)
+    first = meter.queued(3000)
     clock.now += 0.5
-    meter.queued(1000)
+    second = meter.queued(1000)
     assert meter.queued_tokens == 4000
     clock.now += 0.5
-    meter.prefilled(3000)
-    meter.prefilled(1000)
+    meter.prefilled(3000, first)
+    meter.prefilled(1000, second)
     clock.now += 10  # idle: not counted as prefill time
-    meter.queued(100)
+    third = meter.queued(100)
     clock.now += 0.1
-    meter.prefilled(100)
+    meter.prefilled(100, third)
     assert meter.queued_tokens == 0
     assert meter.rate() == pytest.approx(4100 / 1.1)  # busy 0.5 + 0.5 + 0.1 s
 
@@ -35,16 +35,33 @@ def test_rate_is_tokens_over_the_time_prefill_was_pending() -> None:
 def test_small_windows_wait_for_enough_tokens_and_old_rates_are_forgotten() -> None:
     clock = Clock()
     meter = PrefillMeter(min_tokens=1000, weight=1.0, forget_after_s=30, clock=clock)
-    meter.queued(500)
+    since = meter.queued(500)
     clock.now += 0.1
-    meter.prefilled(500)
+    meter.prefilled(500, since)
     assert meter.rate() is None  # 500 tokens: not enough to measure
-    meter.queued(500)
+    since = meter.queued(500)
     clock.now += 0.1
-    meter.prefilled(500)
+    meter.prefilled(500, since)
     assert meter.rate() == pytest.approx(1000 / 0.2)
     clock.now += 31
     assert meter.rate() is None
+
+
+def test_a_window_that_never_fills_forgets_its_old_requests() -> None:
+    clock = Clock()
+    meter = PrefillMeter(min_tokens=1000, weight=1.0, forget_after_s=30, clock=clock)
+    since = meter.queued(600)
+    clock.now += 0.1
+    meter.prefilled(600, since)
+    clock.now += 40
+    since = meter.queued(600)
+    clock.now += 0.2
+    meter.prefilled(600, since)
+    assert meter.rate() is None  # the first 600 are 40 s old: 600 tokens in the window
+    since = meter.queued(600)
+    clock.now += 0.2
+    meter.prefilled(600, since)
+    assert meter.rate() == pytest.approx(1200 / 0.4)
 
 
 def test_dropped_requests_leave_the_queue() -> None:
@@ -69,11 +86,32 @@ def test_prompt_tokens_found_in_the_prefix_cache_are_not_counted_as_prefilled() 
     make the rate the cache's, far above what a new prompt's prefill takes."""
     clock = Clock()
     meter = PrefillMeter(min_tokens=1000, weight=1.0, forget_after_s=30, clock=clock)
-    meter.queued(3000)
+    since = meter.queued(3000)
     clock.now += 0.5
-    meter.prefilled(3000)
-    meter.queued(3000)
+    meter.prefilled(3000, since)
+    since = meter.queued(3000)
     clock.now += 0.1
-    meter.prefilled(3000, cached=2500)
+    meter.prefilled(3000, since, cached=2500)
     assert meter.queued_tokens == 0
     assert meter.rate() == pytest.approx(3500 / 0.6)
+
+
+def test_requests_that_computed_a_few_tokens_measure_nothing() -> None:
+    """Prompts found whole in the prefix cache (all but a few tokens), pending back to back
+    while each waits its step: neither their tokens nor their time count, else the rate would
+    be a few tokens a step, a small fraction of what the engine prefills."""
+    clock = Clock()
+    meter = PrefillMeter(min_tokens=1000, weight=1.0, forget_after_s=30, clock=clock)
+    for _ in range(200):
+        since = meter.queued(100)
+        clock.now += 0.05
+        meter.prefilled(100, since, cached=96)
+    assert meter.rate() is None
+    since = meter.queued(2000)
+    cached = [meter.queued(100) for _ in range(10)]
+    clock.now += 0.4
+    for queued_at in cached:
+        meter.prefilled(100, queued_at, cached=96)
+    meter.prefilled(2000, since)
+    assert meter.queued_tokens == 0
+    assert meter.rate() == pytest.approx(2000 / 0.4)
