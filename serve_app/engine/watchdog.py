@@ -13,6 +13,9 @@ keeps a list of the replica's descendants; when it reads end-of-file (the kernel
 end as the replica exits, even on SIGKILL) it stops every process on the list: SIGTERM, then
 SIGKILL after a grace period. It then exits itself. The replica goes on only once the watchdog
 holds it (says so on its stdout), so a replica killed while the watchdog starts is still seen.
+A child started since the list's last poll is missed by the list once the replica is gone (it is
+reparented); a replica that leads its own process group, as Ray's workers do, has its children
+in that group, where the watchdog looks as well.
 A replica whose own parent (Ray's raylet) dies is cut off from Ray, which will neither use it
 nor stop it, while its worker can linger for minutes: the watchdog then ends it as well, engine
 first. It removes the directory it was given (`remove`: the engine's IPC sockets, which vLLM's
@@ -78,6 +81,18 @@ def _descendants(parent: psutil.Process, me: int) -> dict[int, psutil.Process]:
         return {}
 
 
+def _group(pgid: int, me: int, parent_pid: int) -> dict[int, psutil.Process]:
+    """The processes of process group `pgid`, but for this one and the replica."""
+    found = {}
+    for pid in psutil.pids():
+        if pid in (me, parent_pid):
+            continue
+        with contextlib.suppress(OSError, psutil.Error):
+            if os.getpgid(pid) == pgid:
+                found[pid] = psutil.Process(pid)
+    return found
+
+
 def stop(processes: list[psutil.Process], grace_s: float) -> list[int]:
     """SIGTERM, then SIGKILL what outlives the grace period; the pids that needed SIGKILL."""
     alive = [p for p in processes if running(p)]  # psutil checks the pid was not reused
@@ -125,6 +140,9 @@ def watch(
     what it left running and remove the directory `remove`."""
     me = os.getpid()
     parent = psutil.Process(parent_pid)
+    # a group of its own: its children are in it, even those the list has not seen yet (a group's
+    # id is not reused while any process is in it)
+    leads = os.getpgid(parent_pid) == parent_pid
     print("watching", flush=True)  # the replica waits for this line
     seen: dict[int, psutil.Process] = {}
     why = "gone"
@@ -142,6 +160,8 @@ def watch(
             break
     if remove:  # first, in case this process is ended before the others are
         shutil.rmtree(remove, ignore_errors=True)
+    if leads:
+        seen |= _group(parent_pid, me, parent_pid)
     left = [p for p in seen.values() if running(p)]
     if left or cut_off:  # to the replica's log: what its engine's shutdown or death left running
         why = "cut off from Ray (its raylet is gone)" if cut_off else "gone"

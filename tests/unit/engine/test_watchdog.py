@@ -19,10 +19,13 @@ from serve_app.engine.watchdog import running, stop, wait_ended
 # A stand-in for a replica: starts the watchdog (given a directory to remove, when asked), then a
 # child (the "engine core") that ignores SIGTERM when asked, prints the pids and waits to be killed;
 # asked to release, it does so once the test has a handle on both pids (a line on its stdin).
+# $DOG_PERIOD_S sets the watchdog's period; $SPAWN_AFTER_S, a wait before the child starts.
 REPLICA = """
-import subprocess, sys, time
+import os, subprocess, sys, time
 from serve_app.engine.watchdog import Watchdog
-dog = Watchdog(period_s=0.1, grace_s=1.0, remove=(sys.argv[3:] or [None])[0])
+period_s = float(os.environ.get("DOG_PERIOD_S", "0.1"))
+dog = Watchdog(period_s=period_s, grace_s=1.0, remove=(sys.argv[3:] or [None])[0])
+time.sleep(float(os.environ.get("SPAWN_AFTER_S", "0")))
 trap = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"
 child = subprocess.Popen([sys.executable, "-c", trap if sys.argv[1] == "stubborn" else
                           "import time; time.sleep(300)"])
@@ -47,12 +50,14 @@ def slow_start_env(tmp_path: Path) -> dict[str, str]:
 def start_replica(
     *args: str, env: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen[str], psutil.Process, psutil.Process]:
+    """The replica, leading a process group of its own as Ray's workers do."""
     proc = subprocess.Popen(
         [sys.executable, "-c", REPLICA, *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
         env=env,
+        process_group=0,
     )
     assert proc.stdin is not None and proc.stdout is not None
     dog_pid, child_pid = map(int, proc.stdout.readline().split())
@@ -71,6 +76,22 @@ def test_a_killed_process_takes_its_descendants_with_it(
     proc, dog, engine = start_replica(child, "keep", env=env)
     try:
         proc.send_signal(signal.SIGKILL)  # no cleanup code runs in the replica
+        proc.wait(5)
+        alive = wait_ended([engine, dog], timeout_s=10)
+        assert not alive, alive
+    finally:
+        for p in (engine, dog):
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+
+
+def test_a_child_the_watchdog_had_not_seen_yet_ends_too() -> None:
+    """The watchdog lists the replica's descendants once a period: a child started since (here:
+    after the first, with a period of 60 s) is found in the replica's process group."""
+    env = {**os.environ, "DOG_PERIOD_S": "60", "SPAWN_AFTER_S": "0.5"}
+    proc, dog, engine = start_replica("polite", "keep", env=env)
+    try:
+        proc.send_signal(signal.SIGKILL)
         proc.wait(5)
         alive = wait_ended([engine, dog], timeout_s=10)
         assert not alive, alive
