@@ -8,9 +8,12 @@ with the profile's engine arguments as flags (one per count in --vllm-api-server
 to find vLLM's best configuration), and the app (`serve-app run`, its default HTTP path) with
 that profile as its only pool. Per concurrency, a pilot run against each server sizes
 the cells: each run has at least 4 x concurrency requests and lasts at least --min-cell-s against
-the fastest server (longer against the others). Then,
+the fastest server (longer against the others); a run that still comes out shorter (the server
+ran faster than in its pilot) is made again with as many more requests as it needs, and the
+later runs take as many. Then,
 per repeat, `vllm bench serve` runs against each server in turn (the order rotating per repeat;
-every server gets the same prompts, and no run repeats another's, so none is a prefix-cache hit),
+every server gets the same prompts but for a run made again, and no run repeats another's, so
+none is a prefix-cache hit),
 and the report gives per concurrency every target's output tok/s, TTFT p50 and median
 inter-token latency (min-max over repeats) and the app's ratios to the best `vllm serve` of the
 same repeat. The app's routing stays on the path (class `batch`: no SLO, so nothing is refused).
@@ -213,12 +216,35 @@ def bench_once(
     return row
 
 
-def run_seed(base: int, conc: int, repeat: int | None) -> int:
+def run_seed(base: int, conc: int, repeat: int | None, again: bool = False) -> int:
     """The prompts' seed of one run: its own per concurrency and repeat (a pilot's, repeat None,
-    its own too), the same for every server. A prompt a server has seen before would be a
-    prefix-cache hit, its prefill skipped: no run repeats an earlier run's prompts, the warm-up's
-    (`base`) included."""
-    return base + 1000 * conc + (0 if repeat is None else 1 + repeat)
+    its own too), the same for every server; a run made `again` (the first came out short) its
+    own too. A prompt a server has seen before would be a prefix-cache hit, its prefill skipped:
+    no run repeats an earlier run's prompts, the warm-up's (`base`) included."""
+    return base + 1000 * conc + (0 if repeat is None else 1 + repeat) + (500 if again else 0)
+
+
+def long_enough_run(
+    server: Server,
+    client: Client,
+    args: argparse.Namespace,
+    conc: int,
+    prompts: int,
+    repeat: int,
+) -> tuple[dict[str, Any], int, dict[str, Any] | None]:
+    """One run of `prompts` requests that lasts --min-cell-s: one that came out shorter (the
+    server ran faster than the pilots said) is made again, once, with prompts of its own and as
+    many requests as its rate needs for --min-cell-s x 1.1. The run, the requests it took and
+    the short run (None if there was none)."""
+    row = bench_once(
+        server, client, args, conc, args.out, prompts, run_seed(args.seed, conc, repeat)
+    )
+    if args.min_cell_s <= 0 or float(row["duration"]) >= args.min_cell_s:
+        return row, prompts, None
+    rate = float(row["completed"]) / float(row["duration"])
+    more = max(prompts + 1, math.ceil(round(rate * float(args.min_cell_s) * 1.1, 6)))
+    seed = run_seed(args.seed, conc, repeat, again=True)
+    return bench_once(server, client, args, conc, args.out, more, seed), more, row
 
 
 def outside_latency_ms(row: dict[str, Any], conc: int) -> float:
@@ -605,7 +631,8 @@ def main(argv: list[str] | None = None) -> int:
         client = Client(bench, _served_name(profile.model), resolve_model(profile.model))
         for server in targets if concurrencies else []:  # warm-up: compile, fill caches
             bench_once(server, client, args, 4, args.out, WARM_UP_PROMPTS)
-        cells: dict[int, int] = {}
+        cells: dict[int, int] = {}  # requests per run (a run made again raises it)
+        short_runs: list[dict[str, Any]] = []
         for conc in concurrencies:
             cells[conc] = cell_prompts(targets, client, args, conc)
             for rep in range(args.repeats):
@@ -616,8 +643,19 @@ def main(argv: list[str] | None = None) -> int:
                         spies = start_py_spy(
                             server.proc.pid, args.py_spy, args.out, tag, args.py_spy_native
                         )
-                    seed = run_seed(args.seed, conc, rep)
-                    row = bench_once(server, client, args, conc, args.out, cells[conc], seed)
+                    row, cells[conc], short = long_enough_run(
+                        server, client, args, conc, cells[conc], rep
+                    )
+                    if short is not None:  # the later runs take as many requests
+                        print(
+                            f"c={conc} rep={rep} {server.name:>14}: {short['duration']:.1f} s "
+                            f"with {short['completed']} requests, under {args.min_cell_s:g} s: "
+                            f"made again with {cells[conc]}",
+                            flush=True,
+                        )
+                        short_runs.append(
+                            {"target": server.name, "concurrency": conc, "repeat": rep, **short}
+                        )
                     for spy in spies:
                         spy.wait(timeout=args.py_spy + 60)
                     rows.append({"target": server.name, "concurrency": conc, "repeat": rep, **row})
@@ -634,7 +672,7 @@ def main(argv: list[str] | None = None) -> int:
                         top = ", ".join(f"{k} {v:.2f}" for k, v in list(threads.items())[:4])
                         print(f"    {role} threads: {top}", flush=True)
                     # written after every run: a run cut short keeps what it measured
-                    write_report(args, profile, app_env, started, rows, cells)
+                    write_report(args, profile, app_env, started, rows, cells, short_runs)
             print(table(summarize(rows)), flush=True)
         if args.harness:
             run_harness(
@@ -657,6 +695,7 @@ def write_report(
     started: float,
     rows: list[dict[str, Any]],
     cells: dict[int, int],
+    short_runs: list[dict[str, Any]],
 ) -> None:
     summary = summarize(rows)
     report = {
@@ -666,6 +705,7 @@ def write_report(
         "started": started,
         "requests_per_run": cells,
         "rows": rows,
+        "short_runs": short_runs,  # made again with more requests; not in the rows
         "summary": summary,
     }
     (args.out / "streaming.json").write_text(json.dumps(report, indent=2))

@@ -118,7 +118,31 @@ def test_no_run_repeats_the_prompts_of_another() -> None:
             for conc in (1, 4, 64, 256)
             for rep in (None, *range(5))
         ]
+        runs += [
+            streaming.run_seed(base, conc, rep, again=True) for conc in (1, 64) for rep in range(5)
+        ]
         assert len(set(runs)) == len(runs)
+
+
+def test_a_run_that_came_out_short_is_made_again_with_prompts_of_its_own(monkeypatch) -> None:
+    """Sized from a pilot, a run against a server that has sped up since comes out under
+    --min-cell-s: it is made again, sized from its own rate."""
+    runs: list[tuple[int, int]] = []
+
+    def run(server, client, args, conc, out, prompts, seed):  # type: ignore[no-untyped-def]
+        runs.append((prompts, seed))
+        return {"completed": prompts, "duration": prompts / 10.0}  # 10 requests/s
+
+    monkeypatch.setattr(streaming, "bench_once", run)
+    server = servers.Server("app", "http://127.0.0.1:1", None)  # type: ignore[arg-type]
+    args = argparse.Namespace(min_cell_s=20.0, out=Path("."), seed=0)
+    row, prompts, short = streaming.long_enough_run(server, CLIENT, args, 4, 150, repeat=1)
+    assert short == {"completed": 150, "duration": 15.0}
+    assert prompts == 220 and row == {"completed": 220, "duration": 22.0}  # 10/s x 20 s x 1.1
+    assert [p for p, _ in runs] == [150, 220] and runs[0][1] != runs[1][1]
+    runs.clear()
+    row, prompts, short = streaming.long_enough_run(server, CLIENT, args, 4, 200, repeat=1)
+    assert short is None and prompts == 200 and len(runs) == 1
 
 
 def test_runs_sized_on_the_command_line_need_no_pilots(monkeypatch) -> None:
