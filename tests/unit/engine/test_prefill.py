@@ -13,6 +13,13 @@ class Clock:
         return self.now
 
 
+def prefill(meter: PrefillMeter, clock: Clock, tokens: int, s: float, cached: int = 0) -> None:
+    """One request alone: queued, its first token `s` later."""
+    since = meter.queued(tokens)
+    clock.now += s
+    meter.prefilled(tokens, since, cached)
+
+
 def test_rate_is_tokens_over_the_time_prefill_was_pending() -> None:
     clock = Clock()
     meter = PrefillMeter(min_tokens=1000, weight=1.0, forget_after_s=30, clock=clock)
@@ -25,9 +32,7 @@ def test_rate_is_tokens_over_the_time_prefill_was_pending() -> None:
     meter.prefilled(3000, first)
     meter.prefilled(1000, second)
     clock.now += 10  # idle: not counted as prefill time
-    third = meter.queued(100)
-    clock.now += 0.1
-    meter.prefilled(100, third)
+    prefill(meter, clock, 100, 0.1)
     assert meter.queued_tokens == 0
     assert meter.rate() == pytest.approx(4100 / 1.1)  # busy 0.5 + 0.5 + 0.1 s
 
@@ -35,13 +40,9 @@ def test_rate_is_tokens_over_the_time_prefill_was_pending() -> None:
 def test_small_windows_wait_for_enough_tokens_and_old_rates_are_forgotten() -> None:
     clock = Clock()
     meter = PrefillMeter(min_tokens=1000, weight=1.0, forget_after_s=30, clock=clock)
-    since = meter.queued(500)
-    clock.now += 0.1
-    meter.prefilled(500, since)
+    prefill(meter, clock, 500, 0.1)
     assert meter.rate() is None  # 500 tokens: not enough to measure
-    since = meter.queued(500)
-    clock.now += 0.1
-    meter.prefilled(500, since)
+    prefill(meter, clock, 500, 0.1)
     assert meter.rate() == pytest.approx(1000 / 0.2)
     clock.now += 31
     assert meter.rate() is None
@@ -50,17 +51,11 @@ def test_small_windows_wait_for_enough_tokens_and_old_rates_are_forgotten() -> N
 def test_a_window_that_never_fills_forgets_its_old_requests() -> None:
     clock = Clock()
     meter = PrefillMeter(min_tokens=1000, weight=1.0, forget_after_s=30, clock=clock)
-    since = meter.queued(600)
-    clock.now += 0.1
-    meter.prefilled(600, since)
+    prefill(meter, clock, 600, 0.1)
     clock.now += 40
-    since = meter.queued(600)
-    clock.now += 0.2
-    meter.prefilled(600, since)
+    prefill(meter, clock, 600, 0.2)
     assert meter.rate() is None  # the first 600 are 40 s old: 600 tokens in the window
-    since = meter.queued(600)
-    clock.now += 0.2
-    meter.prefilled(600, since)
+    prefill(meter, clock, 600, 0.2)
     assert meter.rate() == pytest.approx(1200 / 0.4)
 
 
@@ -86,12 +81,8 @@ def test_prompt_tokens_found_in_the_prefix_cache_are_not_counted_as_prefilled() 
     make the rate the cache's, far above what a new prompt's prefill takes."""
     clock = Clock()
     meter = PrefillMeter(min_tokens=1000, weight=1.0, forget_after_s=30, clock=clock)
-    since = meter.queued(3000)
-    clock.now += 0.5
-    meter.prefilled(3000, since)
-    since = meter.queued(3000)
-    clock.now += 0.1
-    meter.prefilled(3000, since, cached=2500)
+    prefill(meter, clock, 3000, 0.5)
+    prefill(meter, clock, 3000, 0.1, cached=2500)
     assert meter.queued_tokens == 0
     assert meter.rate() == pytest.approx(3500 / 0.6)
 
@@ -103,9 +94,7 @@ def test_requests_that_computed_a_few_tokens_measure_nothing() -> None:
     clock = Clock()
     meter = PrefillMeter(min_tokens=1000, weight=1.0, forget_after_s=30, clock=clock)
     for _ in range(200):
-        since = meter.queued(100)
-        clock.now += 0.05
-        meter.prefilled(100, since, cached=96)
+        prefill(meter, clock, 100, 0.05, cached=96)
     assert meter.rate() is None
     since = meter.queued(2000)
     cached = [meter.queued(100) for _ in range(10)]

@@ -67,29 +67,9 @@ def start_replica(
     return proc, dog, child
 
 
-@pytest.mark.parametrize("slow_start", [False, True])
-@pytest.mark.parametrize("child", ["polite", "stubborn"])
-def test_a_killed_process_takes_its_descendants_with_it(
-    child: str, slow_start: bool, tmp_path: Path
-) -> None:
-    env = slow_start_env(tmp_path) if slow_start else None
+def kill_and_expect_nothing_left(child: str, env: dict[str, str] | None) -> None:
+    """SIGKILL a replica (no cleanup code runs in it): its engine and watchdog end."""
     proc, dog, engine = start_replica(child, "keep", env=env)
-    try:
-        proc.send_signal(signal.SIGKILL)  # no cleanup code runs in the replica
-        proc.wait(5)
-        alive = wait_ended([engine, dog], timeout_s=10)
-        assert not alive, alive
-    finally:
-        for p in (engine, dog):
-            with contextlib.suppress(psutil.Error):
-                p.kill()
-
-
-def test_a_child_the_watchdog_had_not_seen_yet_ends_too() -> None:
-    """The watchdog lists the replica's descendants once a period: a child started since (here:
-    after the first, with a period of 60 s) is found in the replica's process group."""
-    env = {**os.environ, "DOG_PERIOD_S": "60", "SPAWN_AFTER_S": "0.5"}
-    proc, dog, engine = start_replica("polite", "keep", env=env)
     try:
         proc.send_signal(signal.SIGKILL)
         proc.wait(5)
@@ -99,6 +79,22 @@ def test_a_child_the_watchdog_had_not_seen_yet_ends_too() -> None:
         for p in (engine, dog):
             with contextlib.suppress(psutil.Error):
                 p.kill()
+
+
+@pytest.mark.parametrize("slow_start", [False, True])
+@pytest.mark.parametrize("child", ["polite", "stubborn"])
+def test_a_killed_process_takes_its_descendants_with_it(
+    child: str, slow_start: bool, tmp_path: Path
+) -> None:
+    kill_and_expect_nothing_left(child, slow_start_env(tmp_path) if slow_start else None)
+
+
+def test_a_child_the_watchdog_had_not_seen_yet_ends_too() -> None:
+    """The watchdog lists the replica's descendants once a period: a child started since (here:
+    after the first, with a period of 60 s) is found in the replica's process group."""
+    kill_and_expect_nothing_left(
+        "polite", {**os.environ, "DOG_PERIOD_S": "60", "SPAWN_AFTER_S": "0.5"}
+    )
 
 
 # A stand-in for a raylet: the replica's parent, relaying the replica's line.
