@@ -81,14 +81,15 @@ def _descendants(parent: psutil.Process, me: int) -> dict[int, psutil.Process]:
         return {}
 
 
-def _group(pgid: int, me: int, parent_pid: int) -> dict[int, psutil.Process]:
-    """The processes of process group `pgid`, but for this one and the replica."""
+def _group(leader: int, me: int) -> dict[int, psutil.Process]:
+    """The processes of the group `leader` leads (the replica's), but for the leader and this
+    one."""
     found = {}
     for pid in psutil.pids():
-        if pid in (me, parent_pid):
+        if pid in (me, leader):
             continue
         with contextlib.suppress(OSError, psutil.Error):
-            if os.getpgid(pid) == pgid:
+            if os.getpgid(pid) == leader:
                 found[pid] = psutil.Process(pid)
     return found
 
@@ -161,7 +162,7 @@ def watch(
     if remove:  # first, in case this process is ended before the others are
         shutil.rmtree(remove, ignore_errors=True)
     if leads:
-        seen |= _group(parent_pid, me, parent_pid)
+        seen |= _group(parent_pid, me)
     left = [p for p in seen.values() if running(p)]
     if left or cut_off:  # to the replica's log: what its engine's shutdown or death left running
         why = "cut off from Ray (its raylet is gone)" if cut_off else "gone"
