@@ -146,7 +146,6 @@ def watch(
     leads = os.getpgid(parent_pid) == parent_pid
     print("watching", flush=True)  # the replica waits for this line
     seen: dict[int, psutil.Process] = {}
-    why = "gone"
     cut_off = False
     while True:
         seen |= _descendants(parent, me)  # a process that already ended is skipped at stop()
